@@ -1,0 +1,19 @@
+"""Shared fixtures: the devices every framework test runs on."""
+import pytest
+
+import needle as ndl
+
+DEVICES = [
+    pytest.param(ndl.cpu_numpy(), id="numpy"),
+    pytest.param(ndl.cpu(), id="cpu"),
+    pytest.param(
+        ndl.cuda(),
+        id="cuda",
+        marks=pytest.mark.skipif(not ndl.cuda().enabled(), reason="no CUDA GPU on this machine"),
+    ),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
