@@ -1,3 +1,545 @@
+// needle's CPU backend: a flat float32 buffer type plus the small set of primitives
+// (compact/setitem on strided views, elementwise ops, reductions, matmul) that NDArray
+// composes everything else from. Every entry point validates sizes and ranges and raises
+// a Python exception instead of touching memory it does not own.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace py = pybind11;
-PYBIND11_MODULE(ndarray_backend_cpu, m) { m.attr("__device_name__") = "cpu"; }
+
+namespace needle {
+namespace cpu {
+
+using scalar_t = float;
+constexpr size_t kAlignment = 64;
+constexpr int64_t kParallelElements = 1 << 16;  // below this, thread start-up costs more than it saves
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+struct AlignedFree {
+  void operator()(void* ptr) const { std::free(ptr); }
+};
+
+// A cache-line aligned float buffer, zero-initialised; `bytes` is rounded up as aligned_alloc needs.
+std::unique_ptr<scalar_t[], AlignedFree> aligned_buffer(size_t elements) {
+  size_t bytes = std::max<size_t>(elements * sizeof(scalar_t), kAlignment);
+  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* ptr = std::aligned_alloc(kAlignment, bytes);
+  if (ptr == nullptr) throw std::bad_alloc();
+  std::memset(ptr, 0, bytes);
+  return std::unique_ptr<scalar_t[], AlignedFree>(static_cast<scalar_t*>(ptr));
+}
+
+struct AlignedArray {
+  explicit AlignedArray(int64_t size) : size(size) {
+    if (size < 0) throw py::value_error("Array size must be >= 0, got " + std::to_string(size));
+    data = aligned_buffer(static_cast<size_t>(size));
+  }
+  std::unique_ptr<scalar_t[], AlignedFree> data;
+  int64_t size;
+  scalar_t* ptr() const { return data.get(); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+int64_t checked_numel(const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) throw py::value_error("shape entries must be >= 0, got " + std::to_string(dim));
+    if (__builtin_mul_overflow(numel, dim, &numel)) throw py::value_error("shape overflows int64");
+  }
+  return numel;
+}
+
+// Checks that the strided view (shape, strides, offset) stays inside a buffer of `size`
+// elements and holds `expected` elements; returns the number of elements in the view.
+int64_t check_view(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                   int64_t offset, int64_t size, const char* what) {
+  if (shape.size() != strides.size()) {
+    throw py::value_error(std::string(what) + ": shape has " + std::to_string(shape.size()) +
+                          " dims but strides has " + std::to_string(strides.size()));
+  }
+  int64_t numel = checked_numel(shape);
+  if (numel == 0) return 0;
+  int64_t lowest = offset, highest = offset;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t reach;
+    if (__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) ||
+        __builtin_add_overflow(reach > 0 ? highest : lowest, reach,
+                               reach > 0 ? &highest : &lowest)) {
+      throw py::index_error(std::string(what) + ": strides overflow int64");
+    }
+  }
+  if (lowest < 0 || highest >= size) {
+    throw py::index_error(std::string(what) + ": view reaches elements [" + std::to_string(lowest) +
+                          ", " + std::to_string(highest) + "] outside the buffer of " +
+                          std::to_string(size) + " elements");
+  }
+  return numel;
+}
+
+void check_same_size(const AlignedArray& a, const AlignedArray& out, const char* what) {
+  if (a.size != out.size) {
+    throw py::value_error(std::string(what) + ": input has " + std::to_string(a.size) +
+                          " elements but out has " + std::to_string(out.size));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strided views
+
+// Calls visit(i, j) for the i-th element (row-major order) of the view, at buffer index j.
+template <typename Visit>
+void for_each_in_view(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                      int64_t offset, Visit visit) {
+  const size_t ndim = shape.size();
+  if (ndim == 0) {
+    visit(0, offset);
+    return;
+  }
+  const int64_t inner = shape[ndim - 1], inner_stride = strides[ndim - 1];
+  const int64_t outer = checked_numel(shape) / std::max<int64_t>(inner, 1);
+  if (inner == 0) return;
+  std::vector<int64_t> index(ndim, 0);
+  int64_t base = offset, count = 0;
+  for (int64_t row = 0; row < outer; ++row) {
+    for (int64_t k = 0; k < inner; ++k) visit(count++, base + k * inner_stride);
+    for (int64_t d = static_cast<int64_t>(ndim) - 2; d >= 0; --d) {  // odometer over outer dims
+      base += strides[d];
+      if (++index[d] < shape[d]) break;
+      base -= strides[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+void compact(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shape,
+             std::vector<int64_t> strides, int64_t offset) {
+  int64_t numel = check_view(shape, strides, offset, a.size, "compact");
+  if (numel != out.size) {
+    throw py::value_error("compact: view has " + std::to_string(numel) +
+                          " elements but out has " + std::to_string(out.size));
+  }
+  const scalar_t* src = a.ptr();
+  scalar_t* dst = out.ptr();
+  for_each_in_view(shape, strides, offset, [&](int64_t i, int64_t j) { dst[i] = src[j]; });
+}
+
+void ewise_setitem(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shape,
+                   std::vector<int64_t> strides, int64_t offset) {
+  int64_t numel = check_view(shape, strides, offset, out.size, "ewise_setitem");
+  if (numel != a.size) {
+    throw py::value_error("ewise_setitem: view has " + std::to_string(numel) +
+                          " elements but the source has " + std::to_string(a.size));
+  }
+  const scalar_t* src = a.ptr();
+  scalar_t* dst = out.ptr();
+  for_each_in_view(shape, strides, offset, [&](int64_t i, int64_t j) { dst[j] = src[i]; });
+}
+
+void scalar_setitem(int64_t size, scalar_t val, AlignedArray& out, std::vector<int64_t> shape,
+                    std::vector<int64_t> strides, int64_t offset) {
+  int64_t numel = check_view(shape, strides, offset, out.size, "scalar_setitem");
+  if (numel != size) {
+    throw py::value_error("scalar_setitem: view has " + std::to_string(numel) +
+                          " elements but size is " + std::to_string(size));
+  }
+  scalar_t* dst = out.ptr();
+  for_each_in_view(shape, strides, offset, [&](int64_t, int64_t j) { dst[j] = val; });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions
+
+void fill(AlignedArray& out, scalar_t val) { std::fill(out.ptr(), out.ptr() + out.size, val); }
+
+void from_numpy(py::array a, AlignedArray& out) {
+  if (!a.dtype().is(py::dtype::of<scalar_t>())) {
+    throw py::value_error("from_numpy: expected a float32 array, got dtype " +
+                          std::string(py::str(a.dtype())));
+  }
+  auto contiguous = py::array_t<scalar_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  if (contiguous.size() != out.size) {
+    throw py::value_error("from_numpy: array has " + std::to_string(contiguous.size()) +
+                          " elements but out has " + std::to_string(out.size));
+  }
+  std::copy(contiguous.data(), contiguous.data() + out.size, out.ptr());
+}
+
+py::array_t<scalar_t> to_numpy(const AlignedArray& a, std::vector<int64_t> shape,
+                               std::vector<int64_t> strides, int64_t offset) {
+  check_view(shape, strides, offset, a.size, "to_numpy");
+  py::array_t<scalar_t> result(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+  scalar_t* dst = result.mutable_data();
+  const scalar_t* src = a.ptr();
+  for_each_in_view(shape, strides, offset, [&](int64_t i, int64_t j) { dst[i] = src[j]; });
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise
+
+template <typename Op>
+void apply_unary(const AlignedArray& a, AlignedArray& out, Op op, const char* what) {
+  check_same_size(a, out, what);
+  const scalar_t* x = a.ptr();
+  scalar_t* y = out.ptr();
+  const int64_t n = out.size;
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) y[i] = op(x[i]);
+}
+
+template <typename Op>
+void apply_binary(const AlignedArray& a, const AlignedArray& b, AlignedArray& out, Op op,
+                  const char* what) {
+  check_same_size(a, out, what);
+  check_same_size(b, out, what);
+  const scalar_t* x = a.ptr();
+  const scalar_t* z = b.ptr();
+  scalar_t* y = out.ptr();
+  const int64_t n = out.size;
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) y[i] = op(x[i], z[i]);
+}
+
+// NaN-propagating like numpy.maximum.
+inline scalar_t maximum(scalar_t x, scalar_t y) { return (x > y || x != x) ? x : y; }
+
+const auto add_op = [](scalar_t x, scalar_t y) { return x + y; };
+const auto mul_op = [](scalar_t x, scalar_t y) { return x * y; };
+const auto div_op = [](scalar_t x, scalar_t y) { return x / y; };
+const auto pow_op = [](scalar_t x, scalar_t y) { return std::pow(x, y); };
+const auto max_op = [](scalar_t x, scalar_t y) { return maximum(x, y); };
+const auto eq_op = [](scalar_t x, scalar_t y) { return scalar_t(x == y); };
+const auto ge_op = [](scalar_t x, scalar_t y) { return scalar_t(x >= y); };
+
+template <typename Op>
+void register_binary(py::module_& m, const char* ewise_name, const char* scalar_name, Op op) {
+  m.def(ewise_name, [op, ewise_name](const AlignedArray& a, const AlignedArray& b,
+                                     AlignedArray& out) { apply_binary(a, b, out, op, ewise_name); });
+  m.def(scalar_name, [op, scalar_name](const AlignedArray& a, scalar_t val, AlignedArray& out) {
+    apply_unary(a, out, [op, val](scalar_t x) { return op(x, val); }, scalar_name);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions over groups of `reduce_size` consecutive elements
+
+void check_reduce(const AlignedArray& a, const AlignedArray& out, int64_t reduce_size,
+                  const char* what) {
+  if (reduce_size < 1) {
+    throw py::value_error(std::string(what) + ": reduce_size must be >= 1, got " +
+                          std::to_string(reduce_size));
+  }
+  int64_t expected;
+  if (__builtin_mul_overflow(out.size, reduce_size, &expected) || expected != a.size) {
+    throw py::value_error(std::string(what) + ": input has " + std::to_string(a.size) +
+                          " elements, expected out.size * reduce_size = " +
+                          std::to_string(out.size) + " * " + std::to_string(reduce_size));
+  }
+}
+
+void reduce_sum(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
+  check_reduce(a, out, reduce_size, "reduce_sum");
+  const scalar_t* x = a.ptr();
+  scalar_t* y = out.ptr();
+  const int64_t groups = out.size;
+#pragma omp parallel for schedule(static) if (a.size >= kParallelElements && groups > 1)
+  for (int64_t g = 0; g < groups; ++g) {
+    const scalar_t* group = x + g * reduce_size;
+    double total = 0.0;  // double keeps long sums close to numpy's pairwise float32 sum
+#pragma omp simd reduction(+ : total)
+    for (int64_t k = 0; k < reduce_size; ++k) total += group[k];
+    y[g] = static_cast<scalar_t>(total);
+  }
+}
+
+void reduce_max(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
+  check_reduce(a, out, reduce_size, "reduce_max");
+  const scalar_t* x = a.ptr();
+  scalar_t* y = out.ptr();
+  const int64_t groups = out.size;
+#pragma omp parallel for schedule(static) if (a.size >= kParallelElements && groups > 1)
+  for (int64_t g = 0; g < groups; ++g) {
+    const scalar_t* group = x + g * reduce_size;
+    scalar_t best = group[0];
+    for (int64_t k = 1; k < reduce_size; ++k) best = maximum(group[k], best);
+    y[g] = best;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul: a packed, cache-blocked GEMM (the Goto/BLIS loop nest) around an MR x NR
+// register-tiled micro-kernel. B is packed in KC x NC panels (shared by all threads, L3),
+// A in MC x KC blocks (one per thread, L2); the micro-kernel streams an MR-row sliver of A
+// and an NR-column sliver of B (L1) into MR x NR accumulators held in registers.
+
+constexpr int64_t MR = 6, NR = 16;     // 12 AVX2 accumulators + 2 B vectors + 1 A broadcast
+constexpr int64_t KC = 256;            // B sliver KC x NR = 16 KiB stays in L1
+constexpr int64_t MC = 120;            // A block MC x KC = 120 KiB stays in L2
+constexpr int64_t NC = 4096;           // B panel KC x NC = 4 MiB stays in L3
+constexpr int64_t kParallelFlops = 1 << 21;  // below ~2 MFLOP one thread is faster
+
+// C[0:MR, 0:NR] (row stride ldc) = (accumulate ? C : 0) + A_sliver @ B_sliver, over kc steps.
+inline void micro_kernel(int64_t kc, const scalar_t* __restrict__ ap,
+                         const scalar_t* __restrict__ bp, scalar_t* __restrict__ c, int64_t ldc,
+                         bool accumulate) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+  __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+  __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
+  __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
+    __m256 a;
+    a = _mm256_broadcast_ss(ap + 0), c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+    a = _mm256_broadcast_ss(ap + 1), c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+    a = _mm256_broadcast_ss(ap + 2), c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+    a = _mm256_broadcast_ss(ap + 3), c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+    a = _mm256_broadcast_ss(ap + 4), c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+    a = _mm256_broadcast_ss(ap + 5), c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+    ap += MR;
+    bp += NR;
+  }
+  const __m256 rows[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                              {c30, c31}, {c40, c41}, {c50, c51}};
+  for (int64_t i = 0; i < MR; ++i) {
+    scalar_t* row = c + i * ldc;
+    __m256 lo = rows[i][0], hi = rows[i][1];
+    if (accumulate) {
+      lo = _mm256_add_ps(lo, _mm256_loadu_ps(row));
+      hi = _mm256_add_ps(hi, _mm256_loadu_ps(row + 8));
+    }
+    _mm256_storeu_ps(row, lo);
+    _mm256_storeu_ps(row + 8, hi);
+  }
+#else
+  scalar_t acc[MR][NR] = {};
+  for (int64_t k = 0; k < kc; ++k, ap += MR, bp += NR) {
+    for (int64_t i = 0; i < MR; ++i) {
+      for (int64_t j = 0; j < NR; ++j) acc[i][j] += ap[i] * bp[j];
+    }
+  }
+  for (int64_t i = 0; i < MR; ++i) {
+    for (int64_t j = 0; j < NR; ++j) c[i * ldc + j] = (accumulate ? c[i * ldc + j] : 0) + acc[i][j];
+  }
+#endif
+}
+
+// Packs B[pc:pc+kc, jc+j0 : jc+j0+NR] for every sliver j0 in [first, last) into bp, sliver-major,
+// zero-padding columns past p so the micro-kernel never needs an edge case.
+void pack_b_slivers(const scalar_t* b, int64_t p, int64_t pc, int64_t kc, int64_t jc, int64_t nc,
+                    int64_t sliver, scalar_t* bp) {
+  const int64_t j0 = sliver * NR, width = std::min(NR, nc - j0);
+  scalar_t* dst = bp + sliver * NR * kc;
+  const scalar_t* src = b + pc * p + jc + j0;
+  for (int64_t k = 0; k < kc; ++k, src += p, dst += NR) {
+    if (width == NR) {
+      std::memcpy(dst, src, NR * sizeof(scalar_t));
+    } else {
+      for (int64_t j = 0; j < NR; ++j) dst[j] = j < width ? src[j] : 0;
+    }
+  }
+}
+
+// Packs A[ic:ic+mc, pc:pc+kc] into MR-row slivers, column-major within a sliver, zero-padded.
+void pack_a_block(const scalar_t* a, int64_t n, int64_t ic, int64_t mc, int64_t pc, int64_t kc,
+                  scalar_t* ap) {
+  for (int64_t i0 = 0; i0 < mc; i0 += MR, ap += MR * kc) {
+    const int64_t height = std::min(MR, mc - i0);
+    const scalar_t* rows[MR];
+    for (int64_t i = 0; i < MR; ++i) rows[i] = a + (ic + i0 + std::min(i, height - 1)) * n + pc;
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int64_t i = 0; i < MR; ++i) ap[k * MR + i] = i < height ? rows[i][k] : 0;
+    }
+  }
+}
+
+// One MC x NC block of C from a packed A block and the packed B slivers [sliver_begin, sliver_end).
+void compute_block(const scalar_t* ap, const scalar_t* bp, int64_t mc, int64_t nc, int64_t kc,
+                   int64_t sliver_begin, int64_t sliver_end, scalar_t* c, int64_t ldc,
+                   bool accumulate) {
+  alignas(kAlignment) scalar_t edge[MR * NR];
+  for (int64_t s = sliver_begin; s < sliver_end; ++s) {
+    const int64_t j0 = s * NR, width = std::min(NR, nc - j0);
+    const scalar_t* b_sliver = bp + s * NR * kc;
+    for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+      const int64_t height = std::min(MR, mc - i0);
+      const scalar_t* a_sliver = ap + i0 * kc;
+      scalar_t* c_tile = c + i0 * ldc + j0;
+      if (height == MR && width == NR) {
+        micro_kernel(kc, a_sliver, b_sliver, c_tile, ldc, accumulate);
+        continue;
+      }
+      micro_kernel(kc, a_sliver, b_sliver, edge, NR, false);
+      for (int64_t i = 0; i < height; ++i) {
+        for (int64_t j = 0; j < width; ++j) {
+          c_tile[i * ldc + j] = (accumulate ? c_tile[i * ldc + j] : 0) + edge[i * NR + j];
+        }
+      }
+    }
+  }
+}
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+// c (m x p) = a (m x n) @ b (n x p), all compact row-major; n > 0.
+void gemm(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n, int64_t p) {
+  const int64_t row_slivers = (m + MR - 1) / MR, col_slivers = (std::min(p, NC) + NR - 1) / NR;
+  int threads = 2 * m * n * p < kParallelFlops ? 1 : max_threads();
+  // Threads split the longer side: rows of C (each packs its own A blocks) or B's column slivers.
+  const bool split_rows = row_slivers >= col_slivers;
+  threads = static_cast<int>(std::min<int64_t>(threads, split_rows ? row_slivers : col_slivers));
+  threads = std::max(threads, 1);
+
+  auto b_packed = aligned_buffer(static_cast<size_t>(KC * col_slivers * NR));
+  std::vector<std::unique_ptr<scalar_t[], AlignedFree>> a_packed;
+  for (int t = 0; t < threads; ++t) a_packed.push_back(aligned_buffer(MC * KC));
+
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = thread_id();
+    scalar_t* ap = a_packed[tid].get();
+    int64_t row_begin = 0, row_end = m;
+    if (split_rows) {
+      row_begin = std::min(m, row_slivers * tid / threads * MR);
+      row_end = std::min(m, row_slivers * (tid + 1) / threads * MR);
+    }
+    for (int64_t jc = 0; jc < p; jc += NC) {
+      const int64_t nc = std::min(NC, p - jc), slivers = (nc + NR - 1) / NR;
+      int64_t sliver_begin = 0, sliver_end = slivers;
+      if (!split_rows) {
+        sliver_begin = slivers * tid / threads;
+        sliver_end = slivers * (tid + 1) / threads;
+      }
+      for (int64_t pc = 0; pc < n; pc += KC) {
+        const int64_t kc = std::min(KC, n - pc);
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < slivers; ++s) pack_b_slivers(b, p, pc, kc, jc, nc, s, b_packed.get());
+        for (int64_t ic = row_begin; ic < row_end; ic += MC) {
+          const int64_t mc = std::min(MC, row_end - ic);
+          pack_a_block(a, n, ic, mc, pc, kc, ap);
+          compute_block(ap, b_packed.get(), mc, nc, kc, sliver_begin, sliver_end,
+                        c + ic * p + jc, p, pc > 0);
+        }
+#pragma omp barrier
+      }
+    }
+  }
+}
+
+void matmul(const AlignedArray& a, const AlignedArray& b, AlignedArray& out, int64_t m, int64_t n,
+            int64_t p) {
+  if (m < 0 || n < 0 || p < 0) {
+    throw py::value_error("matmul: dims must be >= 0, got m=" + std::to_string(m) +
+                          " n=" + std::to_string(n) + " p=" + std::to_string(p));
+  }
+  const auto expect = [](const AlignedArray& x, int64_t rows, int64_t cols, const char* name) {
+    int64_t numel;
+    if (__builtin_mul_overflow(rows, cols, &numel) || numel != x.size) {
+      throw py::value_error(std::string("matmul: ") + name + " has " + std::to_string(x.size) +
+                            " elements, expected " + std::to_string(rows) + " x " +
+                            std::to_string(cols));
+    }
+  };
+  expect(a, m, n, "a");
+  expect(b, n, p, "b");
+  expect(out, m, p, "out");
+  if (n == 0) {
+    fill(out, 0);
+    return;
+  }
+  if (m == 0 || p == 0) return;
+  const bool aliased = out.ptr() == a.ptr() || out.ptr() == b.ptr();
+  py::gil_scoped_release release;
+  if (aliased) {  // the GEMM writes C while it still reads A and B
+    auto result = aligned_buffer(static_cast<size_t>(out.size));
+    gemm(a.ptr(), b.ptr(), result.get(), m, n, p);
+    std::copy(result.get(), result.get() + out.size, out.ptr());
+  } else {
+    gemm(a.ptr(), b.ptr(), out.ptr(), m, n, p);
+  }
+}
+
+}  // namespace cpu
+}  // namespace needle
+
+PYBIND11_MODULE(ndarray_backend_cpu, m) {
+  namespace py = pybind11;
+  using namespace needle::cpu;
+  m.doc() = "needle CPU backend: float32 buffers and the primitives NDArray builds on";
+  m.attr("__device_name__") = "cpu";
+  m.attr("__tile_size__") = NR;
+
+  py::class_<AlignedArray>(m, "Array")
+      .def(py::init<int64_t>(), py::arg("size"))
+      .def("ptr", [](const AlignedArray& a) { return reinterpret_cast<uintptr_t>(a.ptr()); })
+      .def_readonly("size", &AlignedArray::size);
+
+  m.def("fill", fill);
+  m.def("from_numpy", from_numpy);
+  m.def("to_numpy", to_numpy);
+  m.def("compact", compact);
+  m.def("ewise_setitem", ewise_setitem);
+  m.def("scalar_setitem", scalar_setitem);
+
+  register_binary(m, "ewise_add", "scalar_add", add_op);
+  register_binary(m, "ewise_mul", "scalar_mul", mul_op);
+  register_binary(m, "ewise_div", "scalar_div", div_op);
+  register_binary(m, "ewise_pow", "scalar_power", pow_op);
+  register_binary(m, "ewise_maximum", "scalar_maximum", max_op);
+  register_binary(m, "ewise_eq", "scalar_eq", eq_op);
+  register_binary(m, "ewise_ge", "scalar_ge", ge_op);
+  m.def("ewise_log", [](const AlignedArray& a, AlignedArray& out) {
+    apply_unary(a, out, [](scalar_t x) { return std::log(x); }, "ewise_log");
+  });
+  m.def("ewise_exp", [](const AlignedArray& a, AlignedArray& out) {
+    apply_unary(a, out, [](scalar_t x) { return std::exp(x); }, "ewise_exp");
+  });
+  m.def("ewise_tanh", [](const AlignedArray& a, AlignedArray& out) {
+    apply_unary(a, out, [](scalar_t x) { return std::tanh(x); }, "ewise_tanh");
+  });
+  m.def("ewise_sqrt", [](const AlignedArray& a, AlignedArray& out) {
+    apply_unary(a, out, [](scalar_t x) { return std::sqrt(x); }, "ewise_sqrt");
+  });
+
+  m.def("reduce_sum", reduce_sum);
+  m.def("reduce_max", reduce_max);
+  m.def("matmul", matmul);
+}
