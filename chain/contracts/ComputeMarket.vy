@@ -1,0 +1,370 @@
+# pragma version ~=0.4.3
+"""
+@title ComputeMarket
+@notice A market for matmul jobs whose results are checked on chain by the
+        Freivalds precompile before the worker is paid.
+@dev Pre-deployed in genesis (no constructor state: parameters are constants).
+     Invariant: self.balance == totalEscrow + totalStaked.
+"""
+
+# Job status codes (shared with clients, see docs/protocol.md); 0 means no such job.
+OPEN: constant(uint8) = 1
+CLAIMED: constant(uint8) = 2
+COMMITTED: constant(uint8) = 3
+DONE: constant(uint8) = 4
+CANCELLED: constant(uint8) = 5
+
+# Precompile verdicts.
+VERDICT_FAIL: constant(uint256) = 0
+VERDICT_PASS: constant(uint256) = 1
+VERDICT_BAD_OPERANDS: constant(uint256) = 2
+
+FREIVALDS: constant(address) = 0x00000000000000000000000000000000000000f1
+REWARD_POOL: constant(address) = 0x0000000000000000000000000000000000000FEE
+MIN_STAKE: constant(uint256) = 10**18
+WITHDRAW_COOLDOWN: constant(uint256) = 5
+FAIL_SLASH_BPS: constant(uint256) = 5000
+LATE_SLASH_BPS: constant(uint256) = 1000
+VERIFY_ROUNDS: constant(uint256) = 8
+MAX_TIMEOUT_BLOCKS: constant(uint64) = 100000
+MAX_BATCH_JOBS: constant(uint256) = 256
+BLOCKHASH_WINDOW: constant(uint256) = 256
+
+
+struct Job:
+    submitter: address
+    worker: address
+    status: uint8
+    aId: bytes32
+    bId: bytes32
+    cId: bytes32
+    batch: uint64
+    m: uint64
+    k: uint64
+    n: uint64
+    precision: uint8
+    timeoutBlocks: uint64
+    fee: uint256
+    deadline: uint256
+    commitBlock: uint256
+
+
+struct Worker:
+    stake: uint256
+    withdrawBlock: uint256
+    activeClaims: uint256
+
+
+event WorkerRegistered:
+    worker: indexed(address)
+    stake: uint256
+
+event WithdrawRequested:
+    worker: indexed(address)
+    availableBlock: uint256
+
+event Withdrawn:
+    worker: indexed(address)
+    amount: uint256
+
+event JobSubmitted:
+    jobId: indexed(uint256)
+    submitter: indexed(address)
+    aId: bytes32
+    bId: bytes32
+    batch: uint64
+    m: uint64
+    k: uint64
+    n: uint64
+    precision: uint8
+    fee: uint256
+
+event JobClaimed:
+    jobId: indexed(uint256)
+    worker: indexed(address)
+    deadline: uint256
+
+event ResultCommitted:
+    jobId: indexed(uint256)
+    worker: indexed(address)
+    cId: bytes32
+
+event JobVerified:
+    jobId: indexed(uint256)
+    worker: indexed(address)
+    fee: uint256
+    flops: uint256
+
+event JobFailed:
+    jobId: indexed(uint256)
+    worker: indexed(address)
+    slashed: uint256
+
+event JobReopened:
+    jobId: indexed(uint256)
+
+event JobCancelled:
+    jobId: indexed(uint256)
+
+
+jobs: HashMap[uint256, Job]
+workers: HashMap[address, Worker]
+jobCount: public(uint256)
+totalEscrow: public(uint256)
+totalStaked: public(uint256)
+
+
+@external
+@view
+def minStake() -> uint256:
+    return MIN_STAKE
+
+
+@external
+@view
+def withdrawCooldown() -> uint256:
+    return WITHDRAW_COOLDOWN
+
+
+@external
+@view
+def rewardPool() -> address:
+    return REWARD_POOL
+
+
+@external
+@view
+def workerStake(worker: address) -> uint256:
+    return self.workers[worker].stake
+
+
+@external
+@view
+def workerInfo(worker: address) -> (uint256, uint256, uint256):
+    w: Worker = self.workers[worker]
+    return w.stake, w.withdrawBlock, w.activeClaims
+
+
+@external
+@view
+def getJob(jobId: uint256) -> (
+    address, address, uint8, bytes32, bytes32, bytes32, uint64, uint64, uint64, uint64,
+    uint8, uint256, uint256, uint256
+):
+    j: Job = self.jobs[jobId]
+    return (
+        j.submitter, j.worker, j.status, j.aId, j.bId, j.cId, j.batch, j.m, j.k, j.n,
+        j.precision, j.fee, j.deadline, j.commitBlock
+    )
+
+
+@internal
+@pure
+def _flops(j: Job) -> uint256:
+    return 2 * convert(j.batch, uint256) * convert(j.m, uint256) * convert(j.k, uint256) \
+        * convert(j.n, uint256)
+
+
+@external
+@payable
+def register():
+    """Stake msg.value (tops up an existing stake; cancels a pending withdrawal)."""
+    w: Worker = self.workers[msg.sender]
+    w.stake += msg.value
+    assert w.stake >= MIN_STAKE, "stake below minStake"
+    w.withdrawBlock = 0
+    self.workers[msg.sender] = w
+    self.totalStaked += msg.value
+    log WorkerRegistered(worker=msg.sender, stake=w.stake)
+
+
+@external
+def requestWithdraw():
+    assert self.workers[msg.sender].stake > 0, "no stake"
+    available: uint256 = block.number + WITHDRAW_COOLDOWN
+    self.workers[msg.sender].withdrawBlock = available
+    log WithdrawRequested(worker=msg.sender, availableBlock=available)
+
+
+@external
+def withdraw():
+    w: Worker = self.workers[msg.sender]
+    assert w.withdrawBlock != 0, "no withdrawal requested"
+    assert block.number >= w.withdrawBlock, "withdraw cooldown not over"
+    assert w.activeClaims == 0, "worker has active claims"
+    amount: uint256 = w.stake
+    self.workers[msg.sender] = empty(Worker)
+    self.totalStaked -= amount
+    send(msg.sender, amount)
+    log Withdrawn(worker=msg.sender, amount=amount)
+
+
+@internal
+def _submit(
+    aId: bytes32, bId: bytes32, batch: uint64, m: uint64, k: uint64, n: uint64,
+    precision: uint8, timeoutBlocks: uint64, fee: uint256
+) -> uint256:
+    assert batch > 0 and m > 0 and k > 0 and n > 0, "empty shape"
+    assert precision <= 3, "unknown precision class"
+    assert timeoutBlocks > 0 and timeoutBlocks <= MAX_TIMEOUT_BLOCKS, "bad timeoutBlocks"
+    jobId: uint256 = self.jobCount
+    self.jobCount = jobId + 1
+    self.jobs[jobId] = Job(
+        submitter=msg.sender, worker=empty(address), status=OPEN, aId=aId, bId=bId,
+        cId=empty(bytes32), batch=batch, m=m, k=k, n=n, precision=precision,
+        timeoutBlocks=timeoutBlocks, fee=fee, deadline=0, commitBlock=0
+    )
+    log JobSubmitted(
+        jobId=jobId, submitter=msg.sender, aId=aId, bId=bId, batch=batch, m=m, k=k, n=n,
+        precision=precision, fee=fee
+    )
+    return jobId
+
+
+@external
+@payable
+def submitJob(
+    aId: bytes32, bId: bytes32, batch: uint64, m: uint64, k: uint64, n: uint64,
+    precision: uint8, timeoutBlocks: uint64
+) -> uint256:
+    """Open a job; msg.value is the fee, held in escrow until the job ends."""
+    self.totalEscrow += msg.value
+    return self._submit(aId, bId, batch, m, k, n, precision, timeoutBlocks, msg.value)
+
+
+@external
+@payable
+def submitJobs(
+    aIds: DynArray[bytes32, MAX_BATCH_JOBS], bIds: DynArray[bytes32, MAX_BATCH_JOBS],
+    batches: DynArray[uint64, MAX_BATCH_JOBS], ms: DynArray[uint64, MAX_BATCH_JOBS],
+    ks: DynArray[uint64, MAX_BATCH_JOBS], ns: DynArray[uint64, MAX_BATCH_JOBS],
+    precisions: DynArray[uint8, MAX_BATCH_JOBS], fees: DynArray[uint256, MAX_BATCH_JOBS],
+    timeoutBlocks: uint64
+) -> uint256:
+    """Open many jobs in one transaction; returns the first job id (ids are consecutive)."""
+    count: uint256 = len(aIds)
+    assert count > 0, "no jobs"
+    assert len(bIds) == count and len(batches) == count and len(ms) == count, "length mismatch"
+    assert len(ks) == count and len(ns) == count and len(precisions) == count, "length mismatch"
+    assert len(fees) == count, "length mismatch"
+    total: uint256 = 0
+    first: uint256 = self.jobCount
+    for i: uint256 in range(count, bound=MAX_BATCH_JOBS):
+        total += fees[i]
+        self._submit(
+            aIds[i], bIds[i], batches[i], ms[i], ks[i], ns[i], precisions[i], timeoutBlocks,
+            fees[i]
+        )
+    assert total == msg.value, "fees do not sum to msg.value"
+    self.totalEscrow += total
+    return first
+
+
+@external
+def claimJob(jobId: uint256):
+    w: Worker = self.workers[msg.sender]
+    assert w.stake >= MIN_STAKE, "worker stake below minStake"
+    assert w.withdrawBlock == 0, "worker is withdrawing"
+    j: Job = self.jobs[jobId]
+    assert j.status == OPEN, "job not open"
+    deadline: uint256 = block.number + convert(j.timeoutBlocks, uint256)
+    self.jobs[jobId].status = CLAIMED
+    self.jobs[jobId].worker = msg.sender
+    self.jobs[jobId].deadline = deadline
+    self.workers[msg.sender].activeClaims = w.activeClaims + 1
+    log JobClaimed(jobId=jobId, worker=msg.sender, deadline=deadline)
+
+
+@external
+def commitResult(jobId: uint256, cId: bytes32):
+    j: Job = self.jobs[jobId]
+    assert j.status == CLAIMED, "job not claimed"
+    assert j.worker == msg.sender, "not the claimant"
+    assert block.number <= j.deadline, "deadline passed"
+    self.jobs[jobId].cId = cId
+    self.jobs[jobId].commitBlock = block.number
+    self.jobs[jobId].status = COMMITTED
+    log ResultCommitted(jobId=jobId, worker=msg.sender, cId=cId)
+
+
+@internal
+def _reopen(jobId: uint256):
+    self.jobs[jobId].status = OPEN
+    self.jobs[jobId].worker = empty(address)
+    self.jobs[jobId].cId = empty(bytes32)
+    self.jobs[jobId].deadline = 0
+    self.jobs[jobId].commitBlock = 0
+    log JobReopened(jobId=jobId)
+
+
+@internal
+def _slash(worker: address, bps: uint256, submitter: address) -> uint256:
+    """Take bps/10000 of the stake: half to the submitter, the rest to the reward pool."""
+    amount: uint256 = self.workers[worker].stake * bps // 10000
+    self.workers[worker].stake -= amount
+    self.totalStaked -= amount
+    toSubmitter: uint256 = amount // 2
+    if toSubmitter > 0:
+        send(submitter, toSubmitter)
+    if amount - toSubmitter > 0:
+        send(REWARD_POOL, amount - toSubmitter)
+    return amount
+
+
+@external
+def finalize(jobId: uint256):
+    """Verify a committed result with the Freivalds precompile; pay or slash."""
+    j: Job = self.jobs[jobId]
+    assert j.status == COMMITTED, "job not committed"
+    assert block.number > j.commitBlock, "finalize must wait one block after the commit"
+    assert block.number <= j.commitBlock + BLOCKHASH_WINDOW, "commit too old; reopenExpired"
+    seed: bytes32 = keccak256(concat(blockhash(j.commitBlock), convert(jobId, bytes32)))
+    payload: Bytes[320] = abi_encode(
+        j.aId, j.bId, j.cId, j.batch, j.m, j.k, j.n, j.precision, VERIFY_ROUNDS, seed
+    )
+    ok: bool = False
+    out: Bytes[32] = b""
+    ok, out = raw_call(FREIVALDS, payload, max_outsize=32, revert_on_failure=False)
+    assert ok and len(out) == 32, "verification did not complete (out of gas?)"
+    verdict: uint256 = convert(out, uint256)
+    self.workers[j.worker].activeClaims -= 1
+    if verdict == VERDICT_PASS:
+        self.jobs[jobId].status = DONE
+        self.totalEscrow -= j.fee
+        send(j.worker, j.fee)
+        log JobVerified(jobId=jobId, worker=j.worker, fee=j.fee, flops=self._flops(j))
+    elif verdict == VERDICT_BAD_OPERANDS:
+        self.jobs[jobId].status = CANCELLED
+        self.totalEscrow -= j.fee
+        send(j.submitter, j.fee)
+        log JobCancelled(jobId=jobId)
+    else:
+        slashed: uint256 = self._slash(j.worker, FAIL_SLASH_BPS, j.submitter)
+        log JobFailed(jobId=jobId, worker=j.worker, slashed=slashed)
+        self._reopen(jobId)
+
+
+@external
+def reopenExpired(jobId: uint256):
+    """Reopen a claim that missed its deadline (stake cut) or a commit left unfinalised."""
+    j: Job = self.jobs[jobId]
+    if j.status == CLAIMED:
+        assert block.number > j.deadline, "deadline not passed"
+        slashed: uint256 = self._slash(j.worker, LATE_SLASH_BPS, j.submitter)
+        log JobFailed(jobId=jobId, worker=j.worker, slashed=slashed)
+    else:
+        assert j.status == COMMITTED, "job not claimed or committed"
+        assert block.number > j.commitBlock + BLOCKHASH_WINDOW, "commit can still be finalized"
+    self.workers[j.worker].activeClaims -= 1
+    self._reopen(jobId)
+
+
+@external
+def cancel(jobId: uint256):
+    j: Job = self.jobs[jobId]
+    assert j.submitter == msg.sender, "not the submitter"
+    assert j.status == OPEN, "job not open"
+    self.jobs[jobId].status = CANCELLED
+    self.totalEscrow -= j.fee
+    send(msg.sender, j.fee)
+    log JobCancelled(jobId=jobId)
