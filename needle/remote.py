@@ -1,0 +1,156 @@
+"""Remote matmuls: run selected MatMul ops as verified jobs on the needle-net network.
+
+    network = needle.remote.Network()                 # the local dev network
+    c = network.matmul(a, b)                          # numpy in, verified numpy out
+    with needle.remote.offload(network, min_flops=1e6):
+        loss = model(x) ...; loss.backward()          # big matmuls (forward and backward) go remote
+
+The MatMul op calls `offloaded_matmul(a, b)` from its `compute`; it returns None
+(compute locally) unless an `offload` context is active and the product is at
+least `min_flops`. Anything with a `matmul(a, b) -> np.ndarray` method can stand
+in for the network (see `LocalExecutor`). This module imports `node` and `chain`
+only when a `Network` is created, so needle core stays independent of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+DEFAULT_RPC_URL = "http://127.0.0.1:8545"
+
+
+class MatmulExecutor(Protocol):
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
+
+
+class LocalExecutor:
+    """Runs offloaded matmuls in-process with numpy: the policy's reference executor."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return np.matmul(a, b)
+
+
+def matmul_flops(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+    """2 * batch * m * k * n for (..., m, k) @ (..., k, n) with broadcast leading dims."""
+    lead = np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2]))
+    batch = int(np.prod(lead)) if lead else 1
+    m, k = a_shape[-2], a_shape[-1]
+    return 2 * batch * m * k * b_shape[-1]
+
+
+@dataclass
+class Offload:
+    """The active policy: which matmuls go to `executor`, and counts of what went where."""
+
+    executor: MatmulExecutor
+    min_flops: float = 0.0
+    offloaded: int = 0
+    local: int = 0
+    offloaded_flops: int = 0
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+        flops = matmul_flops(a.shape, b.shape)
+        if flops < self.min_flops:
+            self.local += 1
+            return None
+        lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a3 = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
+        b3 = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        if a3.shape[0] == 1:
+            c = self.executor.matmul(np.ascontiguousarray(a3[0]), np.ascontiguousarray(b3[0]))
+        else:
+            c = self.executor.matmul(np.ascontiguousarray(a3), np.ascontiguousarray(b3))
+        self.offloaded += 1
+        self.offloaded_flops += flops
+        return np.asarray(c, dtype=np.float32).reshape(lead + (a.shape[-2], b.shape[-1]))
+
+
+_state = threading.local()
+
+
+def active_offload() -> Offload | None:
+    """The innermost active `offload` policy on this thread, or None."""
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def offload(executor: MatmulExecutor, min_flops: float = 0.0) -> Iterator[Offload]:
+    """Within this block, MatMul ops of at least `min_flops` run on `executor`."""
+    policy = Offload(executor, float(min_flops))
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    stack.append(policy)
+    try:
+        yield policy
+    finally:
+        stack.pop()
+
+
+def offloaded_matmul(a, b):
+    """Hook for MatMul.compute: the product of NDArrays `a` and `b` computed remotely,
+    or None when no offload is active or the product is below the threshold."""
+    policy = active_offload()
+    if policy is None:
+        return None
+    c = policy.matmul(a.numpy(), b.numpy())
+    if c is None:
+        return None
+    from needle.backend_ndarray import NDArray
+
+    return NDArray(c, device=a.device)
+
+
+class Network:
+    """A connection to a needle-net chain node, submitting matmuls as paid, verified jobs.
+
+    `key` is a private key (hex or bytes) or an eth-account LocalAccount; by default the
+    first development account of the local dev network. `fee_wei` is paid per job,
+    `timeout` (seconds) bounds each wait, and `local_check` re-runs Freivalds' check on
+    the client as well as trusting the chain's verdict.
+    """
+
+    def __init__(
+        self,
+        rpc_url: str = DEFAULT_RPC_URL,
+        key=None,
+        *,
+        fee_wei: int | None = None,
+        timeout: float = 120.0,
+        local_check: bool = True,
+        progress: bool = False,
+    ) -> None:
+        from node.client import JobClient
+
+        self.client = JobClient(
+            rpc_url, key, fee_wei=fee_wei, timeout=timeout, local_check=local_check,
+            progress=progress,
+        )
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """A @ B (2-D, or 3-D batched) as one network job; returns the verified C."""
+        return self.client.matmul(a, b)
+
+    def matmul_batch(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """Many products submitted in one transaction; returns their verified results in order."""
+        return self.client.matmul_batch(pairs)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Network:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

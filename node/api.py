@@ -1,0 +1,76 @@
+"""The worker's HTTP API: health, status, jobs, recent blocks, Prometheus metrics, the
+dashboard page, and token-protected admin actions. OpenAPI docs come with FastAPI at /docs."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Protocol
+
+from fastapi import FastAPI, Header, HTTPException
+from fastapi.responses import HTMLResponse, Response
+
+from node.metrics import NodeMetrics
+
+DASHBOARD = Path(__file__).with_name("dashboard.html")
+
+
+class NodeView(Protocol):
+    """What the API needs from a worker (implemented by node.worker.Worker)."""
+
+    metrics: NodeMetrics
+
+    def status(self) -> dict: ...
+    def job_list(self) -> list[dict]: ...
+    def recent_blocks(self, count: int) -> list[dict]: ...
+    def request_stop(self) -> None: ...
+    def request_withdraw(self) -> dict: ...
+
+
+def create_app(node: NodeView, admin_token: str | None) -> FastAPI:
+    """The API for `node`; admin routes answer 403 unless `Authorization: Bearer <admin_token>`."""
+    app = FastAPI(title="needle-net worker", version="0.1.0")
+
+    def require_admin(authorization: str | None) -> None:
+        expected = f"Bearer {admin_token}" if admin_token else None
+        if expected is None or authorization is None or not secrets.compare_digest(
+            authorization.encode(), expected.encode()
+        ):
+            raise HTTPException(403, "admin token missing or wrong")
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True}
+
+    @app.get("/status")
+    def status() -> dict:
+        return node.status()
+
+    @app.get("/jobs")
+    def jobs() -> list[dict]:
+        return node.job_list()
+
+    @app.get("/blocks")
+    def blocks(count: int = 10) -> list[dict]:
+        return node.recent_blocks(max(1, min(count, 50)))
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(node.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/", response_class=HTMLResponse)
+    def dashboard() -> str:
+        return DASHBOARD.read_text()
+
+    @app.post("/admin/stop")
+    def stop(authorization: str | None = Header(default=None)) -> dict:
+        require_admin(authorization)
+        node.request_stop()
+        return {"stopping": True}
+
+    @app.post("/admin/withdraw")
+    def withdraw(authorization: str | None = Header(default=None)) -> dict:
+        require_admin(authorization)
+        return node.request_withdraw()
+
+    return app

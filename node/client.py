@@ -1,0 +1,252 @@
+"""Job submission: the client side of a remote matmul, used by `needle.remote.Network` and
+the `needle-net submit` command.
+
+    upload A, B -> submitJob(s) -> wait: claimed -> committed -> finalised (verified, paid)
+    -> fetch C (hash checked) -> optional local Freivalds check -> C
+
+While waiting the client keeps the job moving on its own: it reopens a claim whose
+deadline passed (a dead or stalled worker) and finalises a commit nobody finalised.
+Every failure is a RemoteJobError that names the stage it happened in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from eth_account import Account
+
+from node.market import (
+    DEFAULT_MAX_BLOB_BYTES,
+    JOB_CANCELLED,
+    JOB_CLAIMED,
+    JOB_COMMITTED,
+    JOB_DONE,
+    Market,
+    TxReverted,
+)
+
+STAGES = ("submitted", "claimed", "committed", "verified", "paid")
+DEFAULT_FEE_WEI = 10**15
+EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
+PRECISION_CODES = {"exact": 0, "fp32": 1, "tf32": 2, "bf16": 3}
+
+
+class RemoteJobError(RuntimeError):
+    """A remote matmul that failed; `stage` says where (validate, upload, submit, claim,
+    commit, finalize, fetch, check)."""
+
+    def __init__(self, stage: str, message: str, job_id: int | None = None) -> None:
+        where = f"job {job_id}, " if job_id is not None else ""
+        super().__init__(f"[{where}stage {stage}] {message}")
+        self.stage = stage
+        self.job_id = job_id
+
+
+def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int, int, int, int]:
+    """(batch, m, k, n) of a valid job; ValueError naming what is wrong otherwise."""
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        raise ValueError(f"operands must be numpy arrays, got {type(a).__name__} and "
+                         f"{type(b).__name__}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"operand dtypes differ: A is {a.dtype}, B is {b.dtype}")
+    if a.dtype != np.float32 and a.dtype.type not in EXACT_DTYPES:
+        raise ValueError(f"unsupported dtype {a.dtype}: use float32, or an integer type for "
+                         "exact jobs")
+    if a.ndim not in (2, 3) or b.ndim not in (2, a.ndim):
+        raise ValueError(f"operands must be 2-D, or 3-D (batched) A with 3-D or shared 2-D B, "
+                         f"got shapes {a.shape} and {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"shape mismatch: A {a.shape} @ B {b.shape} (inner dims "
+                         f"{a.shape[-1]} != {b.shape[-2]})")
+    if b.ndim == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch sizes differ: A {a.shape}, B {b.shape}")
+    if 0 in a.shape or 0 in b.shape:
+        raise ValueError(f"empty operand: A {a.shape}, B {b.shape}")
+    for name, x in (("A", a), ("B", b)):
+        if x.nbytes > max_bytes:
+            raise ValueError(f"{name} is {x.nbytes} bytes, over the {max_bytes}-byte blob limit")
+        if x.dtype == np.float32 and not np.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or infinity")
+    batch = a.shape[0] if a.ndim == 3 else 1
+    return batch, a.shape[-2], a.shape[-1], b.shape[-1]
+
+
+@dataclass
+class _Pending:
+    job_id: int
+    a: np.ndarray
+    b: np.ndarray
+    precision: str
+    stage: str = "submitted"
+    result: np.ndarray | None = None
+
+
+def default_key():
+    """The first account of the local development network (public test mnemonic)."""
+    from chain.devnet import dev_accounts
+
+    return dev_accounts(1)[0]
+
+
+class JobClient:
+    def __init__(
+        self,
+        rpc_url: str,
+        key=None,
+        *,
+        fee_wei: int | None = None,
+        timeout: float = 120.0,
+        timeout_blocks: int = 20,
+        local_check: bool = True,
+        progress: bool = False,
+        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        poll_interval: float = 0.05,
+    ) -> None:
+        account = default_key() if key is None else key
+        if not hasattr(account, "key"):
+            account = Account.from_key(account)
+        self.market = Market(rpc_url, account, max_blob_bytes)
+        self.address = account.address
+        self.fee_wei = DEFAULT_FEE_WEI if fee_wei is None else fee_wei
+        self.timeout = timeout
+        self.timeout_blocks = timeout_blocks
+        self.local_check = local_check
+        self.progress = progress
+        self.poll_interval = poll_interval
+
+    def close(self) -> None:
+        self.market.close()
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.matmul_batch([(a, b)])[0]
+
+    def matmul_batch(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """Submit all products in one transaction and return their verified results."""
+        return self.wait(self.submit(pairs))
+
+    def submit(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[_Pending]:
+        """Validate and upload the operands, then open one job per pair in one transaction."""
+        if not pairs:
+            return []
+        shapes = []
+        for i, (a, b) in enumerate(pairs):
+            try:
+                shapes.append(validate_operands(a, b, self.market.max_blob_bytes))
+            except ValueError as err:
+                raise RemoteJobError("validate", f"pair {i}: {err}") from err
+        ids = []
+        try:
+            for a, b in pairs:
+                ids.append((self.market.put_array(a), self.market.put_array(b)))
+        except Exception as err:
+            raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
+        precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
+        rows = [(a_id, b_id, *shape, PRECISION_CODES[p], self.fee_wei)
+                for (a_id, b_id), shape, p in zip(ids, shapes, precisions, strict=True)]
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        try:
+            receipt = self.market.send(
+                "submitJobs", *columns, self.timeout_blocks,
+                value=self.fee_wei * len(pairs),
+            )
+        except Exception as err:
+            raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
+        job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
+        return [_Pending(job_id, a, b, p)
+                for job_id, (a, b), p in zip(job_ids, pairs, precisions, strict=True)]
+
+    def wait(self, pending: list[_Pending]) -> list[np.ndarray]:
+        """Follow the jobs until every result is verified, fetched and checked."""
+        deadline = time.time() + self.timeout
+        display = _Progress(len(pending)) if self.progress else None
+        try:
+            while any(p.result is None for p in pending):
+                head = self.market.block_number()
+                for p in pending:
+                    if p.result is None:
+                        self._advance(p, head)
+                if display:
+                    display.update(pending)
+                if time.time() > deadline:
+                    stuck = next(p for p in pending if p.result is None)
+                    raise RemoteJobError(
+                        stuck.stage, f"timed out after {self.timeout:.0f}s; the job is still "
+                        f"{stuck.stage} (no worker moved it on)", stuck.job_id)
+                if any(p.result is None for p in pending):
+                    time.sleep(self.poll_interval)
+        finally:
+            if display:
+                display.close()
+        return [p.result for p in pending]
+
+    def _advance(self, p: _Pending, head: int) -> None:
+        job = self.market.job(p.job_id)
+        if job.status == JOB_CLAIMED:
+            p.stage = "claimed"
+            if head > job.deadline:
+                self._try("reopenExpired", p.job_id)  # the worker missed its deadline
+        elif job.status == JOB_COMMITTED:
+            p.stage = "committed"
+            if head > job.commit_block + 2:
+                self._try("finalize", p.job_id)  # nobody finalised: do it ourselves
+        elif job.status == JOB_CANCELLED:
+            raise RemoteJobError("finalize", "the chain's verifier rejected the operands and "
+                                 "refunded the fee", p.job_id)
+        elif job.status == JOB_DONE:
+            p.stage = "verified"  # finalised with a pass: the fee went to the worker
+            p.result = self._fetch(p, job)
+            p.stage = "paid"
+        else:
+            p.stage = "submitted"
+
+    def _try(self, fn_name: str, job_id: int) -> None:
+        try:
+            self.market.send(fn_name, job_id)
+        except TxReverted:
+            pass  # a worker got there first
+
+    def _fetch(self, p: _Pending, job) -> np.ndarray:
+        try:
+            c = self.market.get_array(job.c_id)
+        except Exception as err:
+            raise RemoteJobError("fetch", f"{type(err).__name__}: {err}", p.job_id) from err
+        expected = p.a.shape[:-1] + (p.b.shape[-1],)
+        if c.shape != expected:
+            raise RemoteJobError("fetch", f"result has shape {c.shape}, expected {expected}",
+                                 p.job_id)
+        if self.local_check and not _freivalds_ok(p.a, p.b, c, p.precision):
+            raise RemoteJobError("check", "the result failed the client's own Freivalds check",
+                                 p.job_id)
+        return np.array(c)
+
+
+def _freivalds_ok(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str) -> bool:
+    from verifier import verify
+
+    if a.ndim == 2:
+        return verify(a, b, c, precision=precision).passed
+    bs = b if b.ndim == 3 else [b] * len(a)
+    triples = zip(a, bs, c, strict=True)
+    return all(verify(x, y, z, precision=precision).passed for x, y, z in triples)
+
+
+class _Progress:
+    """A live rich display of how many jobs reached each stage."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self._bar = Progress(TextColumn("{task.description:>10}"), BarColumn(),
+                             MofNCompleteColumn())
+        self._tasks = {s: self._bar.add_task(s, total=total) for s in STAGES}
+        self._bar.start()
+
+    def update(self, pending: list[_Pending]) -> None:
+        for i, stage in enumerate(STAGES):
+            reached = sum(STAGES.index(p.stage) >= i for p in pending)
+            self._bar.update(self._tasks[stage], completed=reached)
+
+    def close(self) -> None:
+        self._bar.stop()

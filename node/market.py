@@ -1,0 +1,198 @@
+"""The node's view of the chain: the ComputeMarket contract, its events, and the blob store.
+
+A thin layer over `chain.client.ChainClient` (signing, nonces, receipts) that adds what
+workers and clients need: typed job records, the verdict of a finalised job, new-job
+discovery from events, and streamed binary blob transfer with a size limit and a hash
+check on both ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import requests
+from eth_account.signers.local import LocalAccount
+from web3.logs import DISCARD
+
+from chain.blobs import blob_id, decode_array, encode_array
+from chain.client import ChainClient, TransactionReverted
+
+JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
+STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
+PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
+DEFAULT_MAX_BLOB_BYTES = 1 << 30
+CHUNK = 1 << 20
+
+TxReverted = TransactionReverted
+
+
+def is_transient(err: BaseException) -> bool:
+    """Network trouble worth retrying (as opposed to a revert or bad data)."""
+    return isinstance(
+        err, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout,
+              httpx.TransportError)
+    )
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: int
+    submitter: str
+    worker: str
+    status: int
+    a_id: bytes
+    b_id: bytes
+    c_id: bytes
+    batch: int
+    m: int
+    k: int
+    n: int
+    precision: int
+    fee_wei: int
+    deadline: int
+    commit_block: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    fee_wei: int = 0
+    flops: int = 0
+    slashed_wei: int = 0
+
+
+class BlobError(Exception):
+    """A blob that could not be stored or fetched, or whose bytes do not match its id."""
+
+
+class Market:
+    def __init__(
+        self, rpc_url: str, account: LocalAccount, max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+    ) -> None:
+        self.client = ChainClient(rpc_url, account.key)
+        self.account = account
+        self.address = account.address
+        self.w3 = self.client.w3
+        self.contract = self.client.market
+        self.max_blob_bytes = max_blob_bytes
+        self.blob_url = self.client.info.get("blob_url", f"{self.client.url}/blobs").rstrip("/")
+        self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
+        self._send_lock = threading.Lock()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- transactions and views --------------------------------------------------------
+
+    def send(self, fn_name: str, *args, value: int = 0):
+        """Sign and send a contract call; returns the receipt, raises TxReverted on revert."""
+        call = getattr(self.contract.functions, fn_name)(*args)
+        with self._send_lock:  # one nonce sequence per key
+            return self.client.send(call, value=value)
+
+    def block_number(self) -> int:
+        return self.w3.eth.block_number
+
+    def balance_of(self, address: str) -> int:
+        return self.w3.eth.get_balance(address)
+
+    def stake_of(self, address: str) -> int:
+        return self.contract.functions.workerStake(address).call()
+
+    def job(self, job_id: int) -> Job:
+        fields = self.contract.functions.getJob(job_id).call()
+        return Job(job_id, *fields)
+
+    def job_count(self) -> int:
+        return self.contract.functions.jobCount().call()
+
+    def new_job_ids(self, from_block: int, to_block: int) -> list[int]:
+        """Ids of jobs submitted or reopened in [from_block, to_block], oldest first."""
+        events = self.contract.events
+        logs = [
+            *events.JobSubmitted.get_logs(from_block=from_block, to_block=to_block),
+            *events.JobReopened.get_logs(from_block=from_block, to_block=to_block),
+        ]
+        logs.sort(key=lambda e: (e["blockNumber"], e["logIndex"]))
+        return [int(e["args"]["jobId"]) for e in logs]
+
+    def events_in(self, receipt, name: str) -> list[dict]:
+        return [e["args"] for e in getattr(self.contract.events, name)().process_receipt(
+            receipt, errors=DISCARD)]
+
+    def verdict(self, job_id: int, worker: str, from_block: int = 0) -> Verdict | None:
+        """How the latest finalisation of `worker`'s result for `job_id` went, if it happened."""
+        events = self.contract.events
+        flt = {"jobId": job_id, "worker": worker}
+        passed = events.JobVerified.get_logs(argument_filters=flt, from_block=from_block)
+        failed = events.JobFailed.get_logs(argument_filters=flt, from_block=from_block)
+        latest = max([*passed, *failed], key=lambda e: (e["blockNumber"], e["logIndex"]),
+                     default=None)
+        if latest is None:
+            return None
+        if latest["event"] == "JobVerified":
+            return Verdict(True, fee_wei=latest["args"]["fee"], flops=latest["args"]["flops"])
+        return Verdict(False, slashed_wei=latest["args"]["slashed"])
+
+    def recent_blocks(self, count: int) -> list[dict]:
+        head = self.block_number()
+        blocks = []
+        for number in range(head, max(-1, head - count), -1):
+            block = self.w3.eth.get_block(number)
+            blocks.append({
+                "number": number,
+                "hash": block["hash"].to_0x_hex(),
+                "transactions": len(block["transactions"]),
+                "timestamp": block["timestamp"],
+            })
+        return blocks
+
+    # -- blobs ---------------------------------------------------------------------------
+
+    def put_blob(self, data: bytes) -> bytes:
+        """Upload blob bytes (skipped when the store already has them); returns the id."""
+        if len(data) > self.max_blob_bytes:
+            raise BlobError(
+                f"blob of {len(data)} bytes exceeds the {self.max_blob_bytes}-byte limit"
+            )
+        id_ = blob_id(data)
+        url = f"{self.blob_url}/0x{id_.hex()}"
+        if self._http.head(url).status_code == 200:
+            return id_
+        response = self._http.put(url, content=data)
+        if response.status_code not in (200, 201, 204):
+            raise BlobError(f"blob store refused 0x{id_.hex()}: {response.status_code} "
+                            f"{response.text[:200]}")
+        return id_
+
+    def put_array(self, array: np.ndarray) -> bytes:
+        return self.put_blob(encode_array(array))
+
+    def get_blob(self, id_: bytes) -> bytes:
+        """Stream a blob, stopping at the size limit; BlobError if its sha256 is not `id_`."""
+        url = f"{self.blob_url}/0x{id_.hex()}"
+        digest = hashlib.sha256()
+        chunks = []
+        size = 0
+        with self._http.stream("GET", url) as response:
+            if response.status_code == 404:
+                raise BlobError(f"blob 0x{id_.hex()} not found in the blob store")
+            response.raise_for_status()
+            for chunk in response.iter_raw(CHUNK):
+                size += len(chunk)
+                if size > self.max_blob_bytes:
+                    raise BlobError(
+                        f"blob 0x{id_.hex()} exceeds the {self.max_blob_bytes}-byte limit"
+                    )
+                digest.update(chunk)
+                chunks.append(chunk)
+        if digest.digest() != id_:
+            raise BlobError(f"blob 0x{id_.hex()} arrived with a different hash: corrupt or forged")
+        return b"".join(chunks)
+
+    def get_array(self, id_: bytes) -> np.ndarray:
+        return decode_array(self.get_blob(id_))

@@ -1,0 +1,345 @@
+"""The worker node: follows the market contract, claims jobs it can handle, computes them
+on its best device, uploads and commits the result, and finalises it to get paid.
+
+One process = one key. The job loop runs on the main thread; claimed jobs run on a small
+thread pool (several in flight); the HTTP API runs on its own thread. State (the next block
+to scan and this node's jobs) is saved to `<data_dir>/worker-state.json` after every
+change, so a restart resumes claimed and committed jobs instead of abandoning them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from eth_account.signers.local import LocalAccount
+
+from node import compute
+from node.market import (
+    JOB_CLAIMED,
+    JOB_COMMITTED,
+    JOB_OPEN,
+    PRECISIONS,
+    Job,
+    Market,
+    TxReverted,
+    is_transient,
+)
+from node.metrics import NodeMetrics
+
+log = logging.getLogger("needle.worker")
+
+CHEAT_ENV = "NEEDLE_NET_ALLOW_CHEAT"
+
+
+@dataclass
+class WorkerConfig:
+    rpc_url: str
+    data_dir: Path
+    stake_wei: int
+    min_fee_wei: int = 0
+    max_flops: int = 2 * 4096**3
+    max_operand_bytes: int = 1 << 30
+    max_in_flight: int = 2
+    poll_interval: float = 0.2
+    finalize_timeout: float = 30.0
+    api_host: str = "127.0.0.1"
+    api_port: int | None = None
+    admin_token: str | None = None
+    corrupt_results: bool = False
+
+
+@dataclass
+class JobRecord:
+    """One job as this node saw it (shown on the dashboard, saved for restarts)."""
+
+    job_id: int
+    batch: int
+    m: int
+    k: int
+    n: int
+    fee_wei: int
+    stage: str = "claiming"
+    started: float = field(default_factory=time.time)
+    seconds: float | None = None
+    detail: str = ""
+
+
+FINISHED = ("verified", "failed", "lost", "error", "expired")
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, account: LocalAccount) -> None:
+        if config.corrupt_results and os.environ.get(CHEAT_ENV) != "1":
+            raise ValueError(f"--corrupt-results is a test fixture; it needs {CHEAT_ENV}=1")
+        self.config = config
+        self.account = account
+        self.address = account.address
+        self.chain = Market(config.rpc_url, account)
+        self.metrics = NodeMetrics()
+        self.device = compute.best_device()
+        self._rng = np.random.default_rng()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="job")
+        self._candidates: dict[int, None] = {}
+        self._stake_wei = 0
+        self._balance_wei = 0
+        self._head = 0
+        self._state_path = Path(config.data_dir) / "worker-state.json"
+        self._next_block, self.jobs = self._load_state()
+        self._api_server = None
+
+    # -- persistence ------------------------------------------------------------------
+
+    def _load_state(self) -> tuple[int, dict[int, JobRecord]]:
+        if not self._state_path.exists():
+            return 0, {}
+        saved = json.loads(self._state_path.read_text())
+        jobs = {int(j["job_id"]): JobRecord(**j) for j in saved["jobs"]}
+        return int(saved["next_block"]), jobs
+
+    def _save_state(self) -> None:
+        with self._lock:
+            data = {"next_block": self._next_block, "jobs": [asdict(j) for j in self.jobs.values()]}
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self._state_path)
+
+    def _set_stage(self, record: JobRecord, stage: str, detail: str = "") -> None:
+        with self._lock:
+            record.stage = stage
+            record.detail = detail
+            if stage in FINISHED:
+                record.seconds = time.time() - record.started
+        self._save_state()
+
+    # -- views for the API ---------------------------------------------------------------
+
+    def status(self) -> dict:
+        with self._lock:
+            stages = [j.stage for j in self.jobs.values()]
+            earned = sum(j.fee_wei for j in self.jobs.values() if j.stage == "verified")
+        return {
+            "address": self.address,
+            "device": compute.device_name(self.device),
+            "accepting_jobs": not self._stop.is_set(),
+            "in_flight": sum(s not in FINISHED for s in stages),
+            "completed": stages.count("verified"),
+            "failed": stages.count("failed"),
+            "earned_wei": earned,
+            "stake_wei": self._stake_wei,
+            "balance_wei": self._balance_wei,
+            "chain_head": self._head,
+        }
+
+    def job_list(self) -> list[dict]:
+        with self._lock:
+            return [asdict(j) for j in sorted(self.jobs.values(), key=lambda j: -j.job_id)]
+
+    def recent_blocks(self, count: int) -> list[dict]:
+        return self.chain.recent_blocks(count)
+
+    def request_stop(self) -> None:
+        """Stop claiming; jobs in flight are finished (committed and finalised) first."""
+        self._stop.set()
+
+    def request_withdraw(self) -> dict:
+        """First call: request withdrawal of the stake; after the cooldown: withdraw it."""
+        return self.chain.withdraw_stake(self._stop)
+
+    # -- the job loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Register, resume saved jobs, then follow the chain until asked to stop."""
+        self._start_api()
+        try:
+            self._retry(self._ensure_registered)
+            self._resume()
+            while not self._stop.is_set():
+                try:
+                    self._poll()
+                except Exception as err:  # noqa: BLE001 - the loop must survive a bad poll
+                    if not is_transient(err):
+                        log.exception("poll failed")
+                    self.metrics.chain_errors.inc()
+                    self._stop.wait(1.0)
+                self._stop.wait(self.config.poll_interval)
+        finally:
+            log.info("stopping: finishing %d job(s) in flight", self.status()["in_flight"])
+            self._pool.shutdown(wait=True)
+            self._save_state()
+            self._stop_api()
+
+    def _retry(self, fn, *args, attempts: int = 8):
+        """Call fn, retrying transient network errors with exponential backoff."""
+        delay = 0.1
+        for attempt in range(attempts):
+            try:
+                return fn(*args)
+            except Exception as err:
+                if not is_transient(err) or attempt == attempts - 1:
+                    raise
+                self.metrics.chain_errors.inc()
+                log.warning("transient error (%s), retrying in %.1fs", err, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _ensure_registered(self) -> None:
+        stake = self.chain.stake_of(self.address)
+        if stake < self.config.stake_wei:
+            self.chain.send("register", value=self.config.stake_wei - stake)
+            stake = self.chain.stake_of(self.address)
+            log.info("registered %s with stake %d wei", self.address, stake)
+        self._stake_wei = stake
+        self.metrics.stake.set(stake)
+
+    def _resume(self) -> None:
+        """Pick up jobs a previous run claimed or committed but did not finish."""
+        for record in list(self.jobs.values()):
+            if record.stage in FINISHED:
+                continue
+            job = self.chain.job(record.job_id)
+            if job.worker != self.address or job.status not in (JOB_CLAIMED, JOB_COMMITTED):
+                self._set_stage(record, "lost", "no longer ours after restart")
+                continue
+            log.info("resuming job %d (%s)", record.job_id, record.stage)
+            self.metrics.in_flight.inc()
+            self._pool.submit(self._process, record, job, job.status == JOB_COMMITTED)
+
+    def _poll(self) -> None:
+        head = self.chain.block_number()
+        self._head = head
+        if head >= self._next_block:
+            for job_id in self.chain.new_job_ids(self._next_block, head):
+                self._candidates[job_id] = None
+            self._next_block = head + 1
+            self._save_state()
+        self._stake_wei = self.chain.stake_of(self.address)
+        self._balance_wei = self.chain.balance_of(self.address)
+        self.metrics.stake.set(self._stake_wei)
+        for job_id in list(self._candidates):
+            if self.status()["in_flight"] >= self.config.max_in_flight or self._stop.is_set():
+                break
+            del self._candidates[job_id]
+            job = self.chain.job(job_id)
+            if job.status == JOB_OPEN and self._acceptable(job):
+                self._claim(job)
+
+    def _acceptable(self, job: Job) -> bool:
+        flops = 2 * job.batch * job.m * job.k * job.n
+        operand_bytes = 8 * job.batch * (job.m * job.k + job.k * job.n + job.m * job.n)
+        return (
+            job.fee_wei >= self.config.min_fee_wei
+            and flops <= self.config.max_flops
+            and operand_bytes <= self.config.max_operand_bytes
+            and job.precision in PRECISIONS
+        )
+
+    def _claim(self, job: Job) -> None:
+        record = JobRecord(job.job_id, job.batch, job.m, job.k, job.n, job.fee_wei)
+        try:
+            self._retry(self.chain.send, "claimJob", job.job_id)
+        except TxReverted as err:
+            log.info("claim of job %d lost: %s", job.job_id, err)
+            return
+        with self._lock:
+            self.jobs[job.job_id] = record
+        self._set_stage(record, "claimed")
+        self.metrics.jobs.labels("claimed").inc()
+        self.metrics.in_flight.inc()
+        self._pool.submit(self._process, record, job, False)
+
+    def _process(self, record: JobRecord, job: Job, committed: bool) -> None:
+        try:
+            if not committed:
+                self._compute_and_commit(record, job)
+            self._finalize(record, job)
+        except TxReverted as err:
+            log.warning("job %d: transaction reverted: %s", record.job_id, err)
+            self._set_stage(record, "lost", str(err))
+            self.metrics.jobs.labels("lost").inc()
+        except Exception as err:  # noqa: BLE001 - one bad job must not kill the node
+            log.exception("job %d failed", record.job_id)
+            self._set_stage(record, "error", f"{type(err).__name__}: {err}")
+            self.metrics.jobs.labels("error").inc()
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.stage_latency.labels("total").observe(time.time() - record.started)
+
+    def _compute_and_commit(self, record: JobRecord, job: Job) -> None:
+        t0 = time.perf_counter()
+        a = self._retry(self.chain.get_array, job.a_id)
+        b = self._retry(self.chain.get_array, job.b_id)
+        t1 = time.perf_counter()
+        self.metrics.stage_latency.labels("fetch").observe(t1 - t0)
+        self._set_stage(record, "computing")
+        c = compute.matmul(a, b, self.device)
+        if self.config.corrupt_results:
+            c = compute.corrupt(c, self._rng)
+        t2 = time.perf_counter()
+        self.metrics.stage_latency.labels("compute").observe(t2 - t1)
+        c_id = self._retry(self.chain.put_array, c)
+        t3 = time.perf_counter()
+        self.metrics.stage_latency.labels("upload").observe(t3 - t2)
+        self._retry(self.chain.send, "commitResult", job.job_id, c_id)
+        self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t3)
+        self.metrics.jobs.labels("committed").inc()
+        self._set_stage(record, "committed")
+
+    def _finalize(self, record: JobRecord, job: Job) -> None:
+        """Finalise (someone else may beat us to it) and record the verdict."""
+        t0 = time.perf_counter()
+        deadline = time.time() + self.config.finalize_timeout
+        while time.time() < deadline:
+            current = self._retry(self.chain.job, job.job_id)
+            if current.status != JOB_COMMITTED or current.worker != self.address:
+                break
+            try:
+                self._retry(self.chain.send, "finalize", job.job_id)
+                break
+            except TxReverted:
+                time.sleep(self.config.poll_interval)  # too early: wait for the next block
+        self.metrics.stage_latency.labels("finalize").observe(time.perf_counter() - t0)
+        verdict = self._retry(self.chain.verdict, job.job_id, self.address)
+        if verdict is None:
+            self._set_stage(record, "lost", "not finalised in time")
+            self.metrics.jobs.labels("lost").inc()
+        elif verdict.passed:
+            self._set_stage(record, "verified")
+            self.metrics.jobs.labels("verified").inc()
+            self.metrics.verifications.labels("pass").inc()
+            self.metrics.flops.inc(verdict.flops)
+            self.metrics.earned.inc(verdict.fee_wei)
+        else:
+            self._set_stage(record, "failed", f"slashed {verdict.slashed_wei} wei")
+            self.metrics.jobs.labels("failed").inc()
+            self.metrics.verifications.labels("fail").inc()
+
+    # -- HTTP API ---------------------------------------------------------------------------
+
+    def _start_api(self) -> None:
+        if self.config.api_port is None:
+            return
+        import uvicorn
+
+        from node.api import create_app
+
+        app = create_app(self, self.config.admin_token)
+        config = uvicorn.Config(
+            app, host=self.config.api_host, port=self.config.api_port, log_level="warning"
+        )
+        self._api_server = uvicorn.Server(config)
+        threading.Thread(target=self._api_server.run, name="api", daemon=True).start()
+
+    def _stop_api(self) -> None:
+        if self._api_server is not None:
+            self._api_server.should_exit = True
