@@ -311,6 +311,8 @@ inline void micro_kernel(int64_t kc, const scalar_t* __restrict__ ap,
   __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
   __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
   __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
     __m256 a;
