@@ -5,9 +5,9 @@
     with needle.remote.offload(network, min_flops=1e6):
         loss = model(x) ...; loss.backward()          # big matmuls (forward and backward) go remote
 
-The MatMul op calls `offloaded_matmul(a, b)` from its `compute`; it returns None
-(compute locally) unless an `offload` context is active and the product is at
-least `min_flops`. Anything with a `matmul(a, b) -> np.ndarray` method can stand
+MatMul.compute asks `active_offload()` for the current policy and calls its
+`matmul(a, b)` on the NDArray operands; that returns None (compute locally) unless
+the product is at least `min_flops`. Anything with a `matmul(a, b) -> np.ndarray` method can stand
 in for the network (see `LocalExecutor`). This module imports `node` and `chain`
 only when a `Network` is created, so needle core stays independent of them.
 """
@@ -58,11 +58,26 @@ class Offload:
     local: int = 0
     offloaded_flops: int = 0
 
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-        flops = matmul_flops(a.shape, b.shape)
+    def matmul(self, a, b):
+        """The product of NDArrays `a @ b` from the executor, or None to compute it locally."""
+        flops = matmul_flops(tuple(a.shape), tuple(b.shape))
         if flops < self.min_flops:
             self.local += 1
             return None
+        c = self.product(a.numpy(), b.numpy())
+        self.offloaded += 1
+        self.offloaded_flops += flops
+        from needle.backend_ndarray import NDArray
+
+        return NDArray(c, device=a.device)
+
+    def product(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a @ b on the executor as one job: a shared 2-D `b` folds `a`'s leading dims into
+        its rows; otherwise leading dims are broadcast and flattened into the job's batch."""
+        if b.ndim == 2:
+            rows = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
+            c = self.executor.matmul(rows, np.ascontiguousarray(b))
+            return np.asarray(c, dtype=np.float32).reshape(a.shape[:-1] + (b.shape[-1],))
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a3 = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
         b3 = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
@@ -70,8 +85,6 @@ class Offload:
             c = self.executor.matmul(np.ascontiguousarray(a3[0]), np.ascontiguousarray(b3[0]))
         else:
             c = self.executor.matmul(np.ascontiguousarray(a3), np.ascontiguousarray(b3))
-        self.offloaded += 1
-        self.offloaded_flops += flops
         return np.asarray(c, dtype=np.float32).reshape(lead + (a.shape[-2], b.shape[-1]))
 
 
@@ -96,20 +109,6 @@ def offload(executor: MatmulExecutor, min_flops: float = 0.0) -> Iterator[Offloa
         yield policy
     finally:
         stack.pop()
-
-
-def offloaded_matmul(a, b):
-    """Hook for MatMul.compute: the product of NDArrays `a` and `b` computed remotely,
-    or None when no offload is active or the product is below the threshold."""
-    policy = active_offload()
-    if policy is None:
-        return None
-    c = policy.matmul(a.numpy(), b.numpy())
-    if c is None:
-        return None
-    from needle.backend_ndarray import NDArray
-
-    return NDArray(c, device=a.device)
 
 
 class Network:

@@ -103,6 +103,10 @@ class Market:
     def stake_of(self, address: str) -> int:
         return self.contract.functions.workerStake(address).call()
 
+    def worker_info(self, address: str) -> tuple[int, int, int]:
+        """(stake, withdrawBlock, activeClaims) of a worker."""
+        return tuple(self.contract.functions.workerInfo(address).call())
+
     def job(self, job_id: int) -> Job:
         fields = self.contract.functions.getJob(job_id).call()
         return Job(job_id, *fields)

@@ -53,7 +53,8 @@ class WorkerConfig:
     api_host: str = "127.0.0.1"
     api_port: int | None = None
     admin_token: str | None = None
-    corrupt_results: bool = False
+    corrupt_results: bool = False  # test fixture: a cheating worker
+    stall_after_claim: float = 0.0  # test fixture: a worker that hangs mid-job
 
 
 @dataclass
@@ -77,8 +78,12 @@ FINISHED = ("verified", "failed", "lost", "error", "expired")
 
 class Worker:
     def __init__(self, config: WorkerConfig, account: LocalAccount) -> None:
-        if config.corrupt_results and os.environ.get(CHEAT_ENV) != "1":
-            raise ValueError(f"--corrupt-results is a test fixture; it needs {CHEAT_ENV}=1")
+        test_fixture = config.corrupt_results or config.stall_after_claim > 0
+        if test_fixture and os.environ.get(CHEAT_ENV) != "1":
+            raise ValueError(
+                f"--corrupt-results and --stall-after-claim are test fixtures; they need "
+                f"{CHEAT_ENV}=1"
+            )
         self.config = config
         self.account = account
         self.address = account.address
@@ -96,6 +101,7 @@ class Worker:
         self._state_path = Path(config.data_dir) / "worker-state.json"
         self._next_block, self.jobs = self._load_state()
         self._api_server = None
+        self._withdrawing = False
 
     # -- persistence ------------------------------------------------------------------
 
@@ -153,8 +159,20 @@ class Worker:
         self._stop.set()
 
     def request_withdraw(self) -> dict:
-        """First call: request withdrawal of the stake; after the cooldown: withdraw it."""
-        return self.chain.withdraw_stake(self._stop)
+        """First call: stop claiming and request withdrawal of the stake; after the cooldown
+        (and with no active claim): withdraw it."""
+        stake, withdraw_block, active_claims = self.chain.worker_info(self.address)
+        if withdraw_block == 0:
+            self._withdrawing = True
+            receipt = self.chain.send("requestWithdraw")
+            available = self.chain.events_in(receipt, "WithdrawRequested")[0]["availableBlock"]
+            return {"requested": True, "available_block": available, "stake_wei": stake}
+        if self.chain.block_number() < withdraw_block or active_claims:
+            return {"requested": True, "available_block": withdraw_block, "stake_wei": stake,
+                    "active_claims": active_claims}
+        self.chain.send("withdraw")
+        self._stake_wei = 0
+        return {"withdrawn_wei": stake}
 
     # -- the job loop ----------------------------------------------------------------------
 
@@ -227,7 +245,8 @@ class Worker:
         self._balance_wei = self.chain.balance_of(self.address)
         self.metrics.stake.set(self._stake_wei)
         for job_id in list(self._candidates):
-            if self.status()["in_flight"] >= self.config.max_in_flight or self._stop.is_set():
+            busy = self.status()["in_flight"] >= self.config.max_in_flight
+            if busy or self._stop.is_set() or self._withdrawing:
                 break
             del self._candidates[job_id]
             job = self.chain.job(job_id)
@@ -281,6 +300,8 @@ class Worker:
         b = self._retry(self.chain.get_array, job.b_id)
         t1 = time.perf_counter()
         self.metrics.stage_latency.labels("fetch").observe(t1 - t0)
+        if self.config.stall_after_claim:
+            self._stop.wait(self.config.stall_after_claim)
         self._set_stage(record, "computing")
         c = compute.matmul(a, b, self.device)
         if self.config.corrupt_results:

@@ -1,0 +1,3 @@
+from node.cli import app
+
+app(prog_name="needle-net")

@@ -1,0 +1,294 @@
+"""`needle-net`: run a dev network, chain node or worker; submit jobs; manage keys and stake."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from chain.cli import app as chain_app
+from rich.console import Console
+from rich.table import Table
+
+from node import keys
+
+DEFAULT_RPC = "http://127.0.0.1:8545"
+ETHER = 10**18
+
+app = typer.Typer(
+    name="needle-net", no_args_is_help=True, rich_markup_mode="rich",
+    help="needle-net: verified remote matmuls on a proof-of-useful-work chain.",
+)
+devnet_app = typer.Typer(no_args_is_help=True, help="A local dev network (chain + workers).")
+worker_app = typer.Typer(no_args_is_help=True, help="Run a worker node.")
+keys_app = typer.Typer(no_args_is_help=True, help="Encrypted keystores.")
+app.add_typer(chain_app, name="chain", help="Run or inspect a chain node.")
+app.add_typer(devnet_app, name="devnet")
+app.add_typer(worker_app, name="worker")
+app.add_typer(keys_app, name="keys")
+console = Console()
+
+RpcUrl = Annotated[str, typer.Option("--rpc-url", envvar="NEEDLE_NET_RPC", help="Chain node URL.")]
+Keystore = Annotated[Path | None, typer.Option(
+    "--keystore", help="Encrypted key file; default: the public dev account 0 (dev network only).")]
+PasswordFile = Annotated[Path | None, typer.Option(
+    "--password-file", help=f"Keystore password file; default: ${keys.PASSWORD_ENV}.")]
+
+
+def _account(keystore: Path | None, password_file: Path | None):
+    if keystore is None:
+        from chain.devnet import dev_account
+
+        return dev_account(0)
+    return keys.load_keystore(keystore, keys.read_password(password_file))
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(1)
+
+
+@devnet_app.command("up")
+def devnet_up(
+    workers: Annotated[int, typer.Option(help="Number of worker processes.")] = 2,
+    data_dir: Annotated[Path, typer.Option(help="State of chain and workers.")] = Path(
+        ".needle-net/devnet"),
+    port: Annotated[int, typer.Option(help="Chain JSON-RPC port.")] = 8545,
+    block_time: Annotated[float, typer.Option(help="Seconds between blocks.")] = 0.5,
+) -> None:
+    """Start a chain node and N workers as local processes; Ctrl-C stops them all.
+
+    Example: [bold]needle-net devnet up --workers 3[/bold]
+    """
+    from node.devnet import Devnet
+
+    with Devnet(data_dir, port=port, block_time=block_time) as net:
+        net.start(workers)
+        table = Table("process", "address", "API / dashboard")
+        table.add_row("chain", "", net.rpc_url)
+        for w in net.workers:
+            table.add_row(f"worker {w.index}", w.address, w.api_url)
+        console.print(table)
+        console.print(f"logs in {data_dir}; Ctrl-C to stop")
+        try:
+            while all(p.poll() is None for p in [net.chain, *(w.process for w in net.workers)]):
+                time.sleep(0.5)
+            console.print("[red]a devnet process exited; stopping[/red]")
+        except KeyboardInterrupt:
+            console.print("stopping")
+
+
+@worker_app.command("up")
+def worker_up(
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    data_dir: Annotated[Path, typer.Option(help="Keystore and job state.")] = Path(
+        ".needle-net/worker"),
+    password_file: PasswordFile = None,
+    stake: Annotated[float, typer.Option(help="Stake to hold, in ETH (>= the market minimum).")
+                     ] = 1.0,
+    min_fee: Annotated[float, typer.Option(help="Ignore jobs paying less (ETH).")] = 0.0,
+    max_flops: Annotated[float, typer.Option(help="Largest job accepted (FLOPs).")] = 2 * 4096**3,
+    max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.")] = 2,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between chain polls.")] = 0.2,
+    api_host: Annotated[str, typer.Option(help="HTTP API address.")] = "127.0.0.1",
+    api_port: Annotated[int, typer.Option(help="HTTP API port (dashboard at /).")] = 8600,
+    admin_token_file: Annotated[Path | None, typer.Option(
+        help="File with the token for /admin routes (else $NEEDLE_NET_ADMIN_TOKEN).")] = None,
+    corrupt_results: Annotated[bool, typer.Option(hidden=True)] = False,
+    stall_after_claim: Annotated[float, typer.Option(hidden=True)] = 0.0,
+) -> None:
+    """Run a worker: stake, claim jobs, compute, commit, get paid. SIGTERM finishes jobs first.
+
+    The key lives encrypted in DATA_DIR/key.json (created on first start).
+
+    Example: [bold]NEEDLE_NET_PASSWORD=... needle-net worker up --api-port 8600[/bold]
+    """
+    from node.worker import Worker, WorkerConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        account = keys.load_or_create(data_dir / "key.json", keys.read_password(password_file))
+    except keys.KeystoreError as err:
+        _fail(str(err))
+    token = (admin_token_file.read_text().strip() if admin_token_file
+             else os.environ.get("NEEDLE_NET_ADMIN_TOKEN"))
+    config = WorkerConfig(
+        rpc_url=rpc_url, data_dir=data_dir, stake_wei=int(stake * ETHER),
+        min_fee_wei=int(min_fee * ETHER), max_flops=int(max_flops), max_in_flight=max_in_flight,
+        poll_interval=poll_interval, api_host=api_host, api_port=api_port, admin_token=token,
+        corrupt_results=corrupt_results, stall_after_claim=stall_after_claim,
+    )
+    try:
+        worker = Worker(config, account)
+    except ValueError as err:
+        _fail(str(err))
+    signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: worker.request_stop())
+    console.print(f"worker {account.address} on {rpc_url}, API http://{api_host}:{api_port}")
+    worker.run()
+
+
+@app.command()
+def submit(
+    a_path: Annotated[Path, typer.Argument(metavar="A.npy", help="Left operand.")],
+    b_path: Annotated[Path, typer.Argument(metavar="B.npy", help="Right operand.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write C.")],
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    keystore: Keystore = None,
+    password_file: PasswordFile = None,
+    fee: Annotated[float, typer.Option(help="Fee per job in ETH.")] = 0.001,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the verified result.")
+                       ] = 120.0,
+) -> None:
+    """Multiply A @ B on the network; write the verified result to OUTPUT.
+
+    Example: [bold]needle-net submit a.npy b.npy -o c.npy[/bold]
+    """
+    from node.client import JobClient, RemoteJobError
+
+    try:
+        a, b = np.load(a_path, allow_pickle=False), np.load(b_path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        _fail(f"cannot read operands: {err}")
+    client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=int(fee * ETHER),
+                       timeout=timeout, progress=True)
+    try:
+        c = client.matmul(a, b)
+    except RemoteJobError as err:
+        _fail(str(err))
+    finally:
+        client.close()
+    np.save(output, c)
+    console.print(f"wrote {output} {c.shape} {c.dtype}: verified on chain and by this client")
+
+
+@app.command()
+def jobs(
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    limit: Annotated[int, typer.Option(help="How many of the latest jobs.")] = 20,
+) -> None:
+    """List the latest jobs on the market.
+
+    Example: [bold]needle-net jobs --limit 5[/bold]
+    """
+    from chain.devnet import dev_account
+    from node.market import PRECISIONS, STATUS_NAMES, Market
+
+    market = Market(rpc_url, dev_account(0))
+    table = Table("job", "status", "batch×m×k×n", "precision", "fee (ETH)", "worker")
+    count = market.job_count()
+    for job_id in range(count - 1, max(-1, count - 1 - limit), -1):
+        job = market.job(job_id)
+        table.add_row(str(job_id), STATUS_NAMES[job.status],
+                      f"{job.batch}×{job.m}×{job.k}×{job.n}", PRECISIONS[job.precision],
+                      f"{job.fee_wei / ETHER:g}", job.worker)
+    console.print(table)
+    market.close()
+
+
+@app.command()
+def balance(
+    address: Annotated[str | None, typer.Argument(help="Default: the keystore's address.")] = None,
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    keystore: Keystore = None,
+    password_file: PasswordFile = None,
+) -> None:
+    """Show an account's balance and stake.
+
+    Example: [bold]needle-net balance 0xf39F...[/bold]
+    """
+    from node.market import Market
+
+    account = _account(keystore, password_file)
+    market = Market(rpc_url, account)
+    address = market.w3.to_checksum_address(address or account.address)
+    stake, withdraw_block, claims = market.worker_info(address)
+    console.print(f"{address}\n  balance {market.balance_of(address) / ETHER:.6f} ETH\n"
+                  f"  stake   {stake / ETHER:.6f} ETH (active claims {claims}"
+                  f"{f', withdrawal from block {withdraw_block}' if withdraw_block else ''})")
+    market.close()
+
+
+@keys_app.command("new")
+def keys_new(
+    path: Annotated[Path, typer.Argument(help="Keystore file to create.")],
+    password_file: PasswordFile = None,
+) -> None:
+    """Create a new account in an encrypted keystore.
+
+    Example: [bold]NEEDLE_NET_PASSWORD=... needle-net keys new worker.json[/bold]
+    """
+    if path.exists():
+        _fail(f"{path} exists; refusing to overwrite a key")
+    account = keys.load_or_create(path, keys.read_password(password_file))
+    console.print(f"created {path}: {account.address}")
+
+
+@app.command()
+def stake(
+    amount: Annotated[float, typer.Argument(help="ETH to add to the stake.")],
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    keystore: Keystore = None,
+    password_file: PasswordFile = None,
+) -> None:
+    """Register as a worker or top up the stake.
+
+    Example: [bold]needle-net stake 1 --keystore worker.json[/bold]
+    """
+    from node.market import Market, TxReverted
+
+    market = Market(rpc_url, _account(keystore, password_file))
+    try:
+        market.send("register", value=int(amount * ETHER))
+    except TxReverted as err:
+        _fail(str(err))
+    console.print(f"stake is now {market.stake_of(market.address) / ETHER:g} ETH")
+    market.close()
+
+
+@app.command()
+def withdraw(
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    keystore: Keystore = None,
+    password_file: PasswordFile = None,
+) -> None:
+    """Request withdrawal of the whole stake; run again after the cooldown to receive it.
+
+    Example: [bold]needle-net withdraw --keystore worker.json[/bold]
+    """
+    from node.market import Market, TxReverted
+
+    market = Market(rpc_url, _account(keystore, password_file))
+    _, withdraw_block, _ = market.worker_info(market.address)
+    try:
+        if withdraw_block == 0:
+            receipt = market.send("requestWithdraw")
+            block = market.events_in(receipt, "WithdrawRequested")[0]["availableBlock"]
+            console.print(f"withdrawal requested; run again from block {block}")
+        else:
+            receipt = market.send("withdraw")
+            amount = market.events_in(receipt, "Withdrawn")[0]["amount"]
+            console.print(f"withdrew {amount / ETHER:g} ETH")
+    except TxReverted as err:
+        _fail(str(err))
+    market.close()
+
+
+@app.command()
+def demo(
+    workers: Annotated[int, typer.Option(help="Worker processes to start.")] = 2,
+    data_dir: Annotated[Path | None, typer.Option(help="Default: a temporary directory.")] = None,
+) -> None:
+    """Start a devnet, submit a demo job and a short training run with offloaded matmuls,
+    and print what each party saw and earned.
+
+    Example: [bold]needle-net demo --workers 2[/bold]
+    """
+    from node.demo import run_demo
+
+    run_demo(workers, data_dir, console)

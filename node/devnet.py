@@ -1,0 +1,172 @@
+"""A local development network as real processes: one chain node and N worker nodes.
+
+Each worker gets its own data directory with an encrypted keystore (created on first
+start), is funded from the dev faucet account, and stakes on start. Used by
+`needle-net devnet up`, `needle-net demo`, the end-to-end tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+from node.keys import load_or_create
+
+FAUCET_INDEX = 19  # the last dev account funds workers; clients default to account 0
+WORKER_FUNDING_WEI = 5 * 10**18
+START_TIMEOUT = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str, process: subprocess.Popen | None = None) -> None:
+    """Poll `check()` until it is true; fail early if `process` died, late on timeout."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what}: process exited with code {process.returncode}")
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: not ready after {timeout:.0f}s")
+
+
+@dataclass
+class WorkerProcess:
+    index: int
+    account: LocalAccount
+    data_dir: Path
+    api_url: str
+    admin_token: str
+    process: subprocess.Popen
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.account.address
+
+
+class Devnet:
+    """Start with `Devnet(data_dir).start(workers=2)`; stop with `close()` (or use `with`)."""
+
+    def __init__(self, data_dir: Path, *, port: int | None = None, block_time: float = 0.2,
+                 log_to_files: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.rpc_url = f"http://127.0.0.1:{self.port}"
+        self.block_time = block_time
+        self.log_to_files = log_to_files
+        self.password_file = self.data_dir / "password"
+        if not self.password_file.exists():
+            self.password_file.write_text(secrets.token_hex(16))
+            self.password_file.chmod(0o600)
+        self.chain: subprocess.Popen | None = None
+        self.workers: list[WorkerProcess] = []
+
+    def __enter__(self) -> Devnet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _spawn(self, args: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
+        out = open(self.data_dir / log_name, "ab") if self.log_to_files else None  # noqa: SIM115
+        return subprocess.Popen(
+            [sys.executable, "-m", "node", *args], stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+
+    def start(self, workers: int = 1) -> Devnet:
+        self.start_chain()
+        for _ in range(workers):
+            self.start_worker()
+        return self
+
+    def start_chain(self) -> None:
+        self.chain = self._spawn(
+            ["chain", "up", "--data-dir", str(self.data_dir / "chain"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--block-time", str(self.block_time)], "chain.log")
+        wait_until(lambda: httpx.get(f"{self.rpc_url}/info", timeout=2).status_code == 200,
+                   START_TIMEOUT, "chain node", self.chain)
+
+    def worker_dir(self, index: int) -> Path:
+        return self.data_dir / f"worker{index}"
+
+    def start_worker(self, index: int | None = None, *, extra_args: tuple[str, ...] = (),
+                     env: dict | None = None, wait: bool = True) -> WorkerProcess:
+        """Start worker `index` (a new one by default); reuses its keystore if it exists."""
+        index = len(self.workers) if index is None else index
+        data_dir = self.worker_dir(index)
+        account = load_or_create(data_dir / "key.json", self.password_file.read_text())
+        self._fund(account.address)
+        api_port = free_port()
+        token = secrets.token_hex(16)
+        (data_dir / "admin-token").write_text(token)
+        args = ["worker", "up", "--rpc-url", self.rpc_url, "--data-dir", str(data_dir),
+                "--password-file", str(self.password_file), "--api-port", str(api_port),
+                "--admin-token-file", str(data_dir / "admin-token"),
+                "--poll-interval", str(min(self.block_time, 0.2)), *extra_args]
+        process = self._spawn(args, f"worker{index}.log", env)
+        worker = WorkerProcess(index, account, data_dir, f"http://127.0.0.1:{api_port}", token,
+                               process, args)
+        self.workers = [w for w in self.workers if w.index != index] + [worker]
+        if wait:
+            wait_until(lambda: httpx.get(f"{worker.api_url}/status", timeout=2).json()
+                       ["stake_wei"] > 0, START_TIMEOUT, f"worker {index}", process)
+        return worker
+
+    def _fund(self, address: str) -> None:
+        """Top the address up to WORKER_FUNDING_WEI from the faucet dev account."""
+        from chain.devnet import dev_account
+
+        w3 = Web3(Web3.HTTPProvider(self.rpc_url))
+        missing = WORKER_FUNDING_WEI - w3.eth.get_balance(address)
+        if missing <= 0:
+            return
+        faucet = dev_account(FAUCET_INDEX)
+        tx = {"to": address, "value": missing, "gas": 21000, "chainId": w3.eth.chain_id,
+              "nonce": w3.eth.get_transaction_count(faucet.address, "pending"),
+              "maxFeePerGas": w3.eth.gas_price * 2, "maxPriorityFeePerGas": 0}
+        tx_hash = w3.eth.send_raw_transaction(faucet.sign_transaction(tx).raw_transaction)
+        w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30, poll_latency=0.05)
+
+    def stop_worker(self, worker: WorkerProcess, *, kill: bool = False,
+                    timeout: float = 30.0) -> int:
+        """SIGTERM (graceful: finishes jobs in flight) or SIGKILL; returns the exit code."""
+        return _stop(worker.process, signal.SIGKILL if kill else signal.SIGTERM, timeout)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            _stop(worker.process, signal.SIGTERM, 15.0)
+        if self.chain is not None:
+            _stop(self.chain, signal.SIGTERM, 15.0)
+
+
+def _stop(process: subprocess.Popen, sig: int, timeout: float) -> int:
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode

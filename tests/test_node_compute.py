@@ -1,0 +1,55 @@
+"""The worker's compute path against numpy (float) and Python integers (exact)."""
+
+import numpy as np
+import pytest
+
+from node import compute
+
+
+@pytest.fixture(params=["best", "numpy-fallback"])
+def device(request):
+    return compute.best_device() if request.param == "best" else None
+
+
+@pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((3, 4, 6), (3, 6, 2)), ((3, 4, 6), (6, 2))])
+def test_float_matmul_matches_numpy(device, shapes):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = rng.standard_normal(shapes[1]).astype(np.float32)
+    c = compute.matmul(a, b, device)
+    assert c.dtype == np.float32
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_exact_matmul_is_exact():
+    rng = np.random.default_rng(1)
+    a = rng.integers(-2**31, 2**31 - 1, size=(3, 4), dtype=np.int64) // 2**12
+    b = rng.integers(-2**31, 2**31 - 1, size=(4, 2), dtype=np.int64) // 2**12
+    c = compute.matmul(a.astype(np.int32), b.astype(np.int32))
+    expected = [[sum(int(a[i, t]) * int(b[t, j]) for t in range(4)) for j in range(2)]
+                for i in range(3)]
+    assert c.tolist() == expected
+
+
+@pytest.mark.parametrize("a_shape,b_shape,match", [
+    ((2, 3), (4, 5), "shapes do not match"),
+    ((2, 3, 4), (3, 4, 5), "shapes do not match"),
+    ((3,), (3, 2), "2-D"),
+])
+def test_bad_shapes_are_rejected(a_shape, b_shape, match):
+    with pytest.raises(ValueError, match=match):
+        compute.matmul(np.ones(a_shape, np.float32), np.ones(b_shape, np.float32))
+
+
+def test_mixed_or_unsupported_dtypes_are_rejected():
+    with pytest.raises(ValueError, match="dtypes differ"):
+        compute.matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.int32))
+    with pytest.raises(ValueError, match="unsupported operand dtype"):
+        compute.matmul(np.ones((2, 2)), np.ones((2, 2)))
+
+
+def test_corrupt_changes_every_entry():
+    c = np.zeros((4, 5), np.float32)
+    bad = compute.corrupt(c, np.random.default_rng(0))
+    assert (bad != c).all()

@@ -1,0 +1,89 @@
+"""The offload policy: which MatMul ops (forward and backward) go to the executor, and that
+results and gradients equal local computation. The executor here is in-process; the same
+policy against real network jobs is exercised in test_remote_training.py."""
+
+import numpy as np
+import pytest
+
+import needle as ndl
+from needle import remote
+
+
+class RecordingExecutor:
+    """Computes in float64 numpy (a reference independent of needle) and records shapes."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def matmul(self, a, b):
+        self.shapes.append((a.shape, b.shape))
+        return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+
+
+def _forward_backward(x_np, w_np, device):
+    x = ndl.Tensor(x_np, device=device, requires_grad=True)
+    w = ndl.Tensor(w_np, device=device, requires_grad=True)
+    y = ndl.ops.matmul(x, w)
+    loss = ndl.ops.summation(y * y)
+    loss.backward()
+    return y.numpy(), x.grad.numpy(), w.grad.numpy()
+
+
+def test_forward_and_backward_matmuls_are_offloaded(device):
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((6, 5)).astype(np.float32)
+    w_np = rng.standard_normal((5, 4)).astype(np.float32)
+    executor = RecordingExecutor()
+    with remote.offload(executor) as policy:
+        y, gx, gw = _forward_backward(x_np, w_np, device)
+    assert remote.active_offload() is None
+    # forward x@w, backward dy@w^T and x^T@dy
+    assert sorted(executor.shapes) == sorted([((6, 5), (5, 4)), ((6, 4), (4, 5)),
+                                              ((5, 6), (6, 4))])
+    assert policy.offloaded == 3 and policy.offloaded_flops == 3 * 2 * 6 * 5 * 4
+    y_ref = x_np.astype(np.float64) @ w_np
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx, 2 * y_ref @ w_np.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gw, x_np.T.astype(np.float64) @ (2 * y_ref), rtol=1e-4, atol=1e-4)
+
+
+def test_threshold_keeps_small_matmuls_local(device):
+    rng = np.random.default_rng(1)
+    executor = RecordingExecutor()
+    big = (rng.standard_normal((8, 8)).astype(np.float32),) * 2
+    small = (rng.standard_normal((2, 2)).astype(np.float32),) * 2
+    with remote.offload(executor, min_flops=2 * 8 * 8 * 8) as policy:
+        ndl.ops.matmul(ndl.Tensor(small[0], device=device), ndl.Tensor(small[1], device=device))
+        out = ndl.ops.matmul(ndl.Tensor(big[0], device=device), ndl.Tensor(big[1], device=device))
+    assert executor.shapes == [((8, 8), (8, 8))]
+    assert (policy.offloaded, policy.local) == (1, 1)
+    np.testing.assert_allclose(out.numpy(), big[0] @ big[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,job_shapes", [
+    ((2, 3, 4, 5), (5, 6), [((24, 5), (5, 6))]),           # shared weight: rows folded
+    ((2, 3, 4, 5), (3, 5, 6), [((6, 4, 5), (6, 5, 6))]),    # broadcast batch
+])
+def test_batched_matmul_becomes_one_job(device, a_shape, b_shape, job_shapes):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    executor = RecordingExecutor()
+    with remote.offload(executor):
+        out = ndl.ops.matmul(ndl.Tensor(a, device=device), ndl.Tensor(b, device=device))
+    assert executor.shapes == job_shapes
+    np.testing.assert_allclose(out.numpy(), np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_nested_contexts_and_no_leak_after_error():
+    outer, inner = RecordingExecutor(), RecordingExecutor()
+    a = ndl.Tensor(np.ones((2, 2), np.float32))
+    with remote.offload(outer):
+        with remote.offload(inner):
+            ndl.ops.matmul(a, a)
+        ndl.ops.matmul(a, a)
+        with pytest.raises(RuntimeError), remote.offload(inner):
+            raise RuntimeError("boom")
+        assert remote.active_offload().executor is outer
+    assert remote.active_offload() is None
+    assert len(outer.shapes) == 1 and len(inner.shapes) == 1
