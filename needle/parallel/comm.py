@@ -1,0 +1,185 @@
+"""Communication between ranks: MPI (mpi4py) for host buffers, NCCL (CuPy) for GPU buffers.
+
+Everything here moves numpy arrays (or CuPy arrays for NCCL); the parallel
+wrappers convert needle Tensors at their edges, so this file knows nothing
+about autograd.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from needle.backend_ndarray import NDArray
+
+
+class Communicator:
+    """A group of ranks exchanging numpy buffers over MPI.
+
+    Works unchanged in a plain `python` process (a singleton world of size 1),
+    so code written for `mpiexec -n N` runs without the launcher too.
+    """
+
+    def __init__(self, mpi_comm: Any = None):
+        from mpi4py import MPI  # imported here: importing needle must not start MPI
+
+        self._mpi = MPI
+        self.comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    def allreduce_sum_(self, buf: np.ndarray) -> None:
+        """Sum `buf` over all ranks, in place."""
+        self.comm.Allreduce(self._mpi.IN_PLACE, _contiguous(buf), op=self._mpi.SUM)
+
+    def iallreduce_sum_(self, buf: np.ndarray) -> Any:
+        """Start summing `buf` over all ranks in place; returns a request with `.Wait()`."""
+        return self.comm.Iallreduce(self._mpi.IN_PLACE, _contiguous(buf), op=self._mpi.SUM)
+
+    def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
+        """Overwrite `buf` on every rank with root's copy."""
+        self.comm.Bcast(_contiguous(buf), root=root)
+
+    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None:
+        """Send an array of any shape and dtype; the receiver learns both from a header."""
+        array = np.ascontiguousarray(array)
+        self.comm.send((array.shape, array.dtype.str), dest=dest, tag=tag)
+        self.comm.Send(array, dest=dest, tag=tag)
+
+    def recv(self, source: int, tag: int = 0) -> np.ndarray:
+        shape, dtype = self.comm.recv(source=source, tag=tag)
+        array = np.empty(shape, dtype=np.dtype(dtype))
+        self.comm.Recv(array, source=source, tag=tag)
+        return array
+
+    def allgather_objects(self, obj: Any) -> list:
+        return self.comm.allgather(obj)
+
+    # Gradient buckets live in host memory: packing copies each gradient out of its device.
+    def zeros(self, n: int) -> np.ndarray:
+        return np.zeros(n, dtype=np.float32)
+
+    def pack(self, grad: NDArray, view: np.ndarray, scale: float) -> None:
+        np.multiply(grad.numpy().reshape(-1), scale, out=view)
+
+    def unpack(self, view: np.ndarray, shape: tuple[int, ...], device) -> NDArray:
+        return NDArray(view.reshape(shape), device=device)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+
+class NcclCommunicator:
+    """Allreduce of GPU buffers with NCCL through CuPy; MPI hands out the NCCL id.
+
+    Gradient buckets stay on the GPU: packing and unpacking are device copies into
+    and out of needle's CUDA buffers, viewed by CuPy without copying. NCCL runs on
+    the legacy default stream, the one needle's kernels use, so no extra
+    synchronisation is needed. One GPU per rank: start each rank with its own
+    CUDA_VISIBLE_DEVICES (see `select_gpu_for_rank`).
+    """
+
+    def __init__(self, host: Communicator | None = None):
+        import cupy
+        from cupy.cuda import nccl
+
+        self.host = host if host is not None else Communicator()
+        self.cupy, self.nccl = cupy, nccl
+        cupy.cuda.Device(self.host.rank % cupy.cuda.runtime.getDeviceCount()).use()
+        uid = nccl.get_unique_id() if self.host.rank == 0 else None
+        uid = self.host.comm.bcast(uid, root=0)
+        self.comm = nccl.NcclCommunicator(self.host.size, uid, self.host.rank)
+
+    @property
+    def rank(self) -> int:
+        return self.host.rank
+
+    @property
+    def size(self) -> int:
+        return self.host.size
+
+    def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
+        self.host.broadcast_(buf, root)
+
+    def allgather_objects(self, obj: Any) -> list:
+        return self.host.allgather_objects(obj)
+
+    def barrier(self) -> None:
+        self.cupy.cuda.Stream.null.synchronize()
+        self.host.barrier()
+
+    def iallreduce_sum_(self, buf: Any) -> Any:
+        """Enqueue an in-place sum of a float32 CuPy array; ordered before later kernels."""
+        self.comm.allReduce(
+            buf.data.ptr, buf.data.ptr, buf.size, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, 0
+        )
+        return _StreamOrdered()
+
+    def zeros(self, n: int) -> Any:
+        return self.cupy.zeros(n, dtype=self.cupy.float32)
+
+    def pack(self, grad: NDArray, view: Any, scale: float) -> None:
+        self.cupy.multiply(self._view(grad).reshape(-1), scale, out=view)
+
+    def unpack(self, view: Any, shape: tuple[int, ...], device) -> NDArray:
+        out = NDArray.make(tuple(shape), device=device)
+        self._view(out)[...] = view.reshape(shape)
+        return out
+
+    def _view(self, array: NDArray) -> Any:
+        """A CuPy array over a needle CUDA array's memory (no copy)."""
+        array = array.compact()
+        memory = self.cupy.cuda.UnownedMemory(array.handle.ptr(), array.size * 4, array.handle)
+        pointer = self.cupy.cuda.MemoryPointer(memory, array.offset * 4)
+        return self.cupy.ndarray(array.shape, dtype=self.cupy.float32, memptr=pointer)
+
+
+class _StreamOrdered:
+    """Request of an operation already ordered on the stream: nothing to wait for."""
+
+    def Wait(self) -> None:  # noqa: N802 (mpi4py's spelling)
+        pass
+
+
+def select_gpu_for_rank() -> int:
+    """Pin this process to one GPU (its rank on the node) before any CUDA work starts.
+
+    Reads the launcher's environment (MPICH/Hydra or Open MPI), so call it before
+    `import needle` touches the GPU; returns the local rank.
+    """
+    local_rank = int(
+        os.environ.get("MPI_LOCALRANKID")
+        or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+        or os.environ.get("PMI_RANK")
+        or 0
+    )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if visible == [""]:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(local_rank)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible[local_rank % len(visible)]
+    return local_rank
+
+
+def nccl_available() -> bool:
+    """True when CuPy with NCCL and at least one GPU can be used."""
+    try:
+        import cupy
+        from cupy.cuda import nccl  # noqa: F401
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def _contiguous(buf: np.ndarray) -> np.ndarray:
+    if not (isinstance(buf, np.ndarray) and buf.flags.c_contiguous):
+        raise ValueError("communication buffers must be C-contiguous numpy arrays")
+    return buf

@@ -1,0 +1,53 @@
+"""Start a training script on N processes with the MPI launcher that ships with the venv.
+
+    python -m needle.parallel.launch -n 2 train.py [script args...]
+
+is `mpiexec -n 2 <this python> train.py ...`, with the launcher found next to
+the running interpreter (the `mpich` wheel installs it there) or on PATH.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+LAUNCHER_NAMES = ("mpiexec", "mpirun")
+
+
+def find_launcher() -> str | None:
+    """Path of an MPI launcher: next to sys.executable first, then on PATH."""
+    bindir = os.path.dirname(sys.executable)
+    for name in LAUNCHER_NAMES:
+        candidate = os.path.join(bindir, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    for name in LAUNCHER_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def launch_command(nprocs: int, script: str, args: list[str]) -> list[str]:
+    """The argv that runs `script` on `nprocs` ranks."""
+    if nprocs < 1:
+        raise ValueError(f"number of processes must be at least 1, got {nprocs}")
+    launcher = find_launcher()
+    if launcher is None:
+        raise FileNotFoundError("no MPI launcher (mpiexec/mpirun) next to python or on PATH")
+    return [launcher, "-n", str(nprocs), sys.executable, script, *args]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--nprocs", type=int, default=2)
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    opts = parser.parse_args(argv)
+    return subprocess.call(launch_command(opts.nprocs, opts.script, opts.args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Launch a script of this folder on N MPI ranks, bounded in time, for the parallel tests."""
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from needle.parallel import find_launcher, launch_command
+
+SCRIPTS = Path(__file__).resolve().parent
+LAUNCHER = find_launcher()
+TIMEOUT_S = 90
+
+
+def run_mpi(script: str, *args, nprocs: int = 2) -> None:
+    """Run `script` on `nprocs` ranks; fail with its output if it errors or hangs."""
+    cmd = launch_command(nprocs, str(SCRIPTS / script), [str(a) for a in args])
+    proc = subprocess.Popen(
+        cmd, cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"{script} did not finish in {TIMEOUT_S} s:\n{output}") from None
+    if proc.returncode != 0:
+        raise AssertionError(f"{script} exited with {proc.returncode}:\n{output}")

@@ -1,0 +1,53 @@
+"""Data parallelism on 2 MPI ranks reproduces single-process full-batch training."""
+import numpy as np
+import pytest
+from parallel_scripts.common import make_model, train_reference
+from parallel_scripts.mpi_run import LAUNCHER, run_mpi
+
+from needle.parallel import plan_buckets
+
+STEPS = 3
+
+
+@pytest.mark.skipif(LAUNCHER is None, reason="no MPI launcher (mpiexec/mpirun) found")
+@pytest.mark.parametrize(
+    "batch, bucket_mb",
+    [(8, 4.0), (7, 0.0005)],  # one bucket, even shards; ~40 buckets, shards of 4 and 3 rows
+    ids=["one-bucket-even", "many-buckets-uneven"],
+)
+def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb):
+    run_mpi("dp_train.py", tmp_path, STEPS, batch, bucket_mb)
+    expected = train_reference(seed=0, steps=STEPS, batch=batch)
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    for r, weights in enumerate(ranks):
+        got = [weights[f"arr_{i}"] for i in range(len(weights.files))]
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
+    for name in ranks[0].files:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
+    # The script then wraps replicas of different shapes: every rank must refuse them.
+    for r in range(2):
+        message = (tmp_path / f"mismatch{r}.txt").read_text()
+        assert "rank 1 has parameters" in message and "same model" in message
+
+
+def test_buckets_cover_every_parameter_once_in_backward_order():
+    params = make_model(seed=0).parameters()
+    sizes = [int(np.prod(p.shape)) for p in params]
+    buckets = plan_buckets(params, bucket_bytes=4 * 200)
+    flat = [p for b in buckets for p in b.params]
+    assert [id(p) for p in flat] == [id(p) for p in reversed(params)]
+    for b in buckets:
+        assert b.size == sum(int(np.prod(p.shape)) for p in b.params)
+        assert b.offsets == list(np.cumsum([0] + [int(np.prod(p.shape)) for p in b.params])[:-1])
+    # Every bucket but the last reaches the size bound, and none overshoots by a whole parameter.
+    for b in buckets[:-1]:
+        last = int(np.prod(b.params[-1].shape))
+        assert b.size * 4 >= 800 and (b.size - last) * 4 < 800
+    assert sum(b.size for b in buckets) == sum(sizes)
+    assert len(plan_buckets(params, bucket_bytes=1 << 30)) == 1
+
+
+def test_bucket_size_must_be_positive():
+    with pytest.raises(ValueError, match="bucket size must be positive"):
+        plan_buckets(make_model(seed=0).parameters(), bucket_bytes=0)
