@@ -1,0 +1,80 @@
+"""Dataset and DataLoader (CMU needle's `needle.data`)."""
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from needle.autograd import Tensor
+
+
+class Dataset:
+    """A sized collection of examples; subclasses implement __getitem__ and __len__."""
+
+    def __init__(self, transforms: Sequence[Callable] | None = None):
+        self.transforms = transforms
+
+    def __getitem__(self, index):
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def apply_transforms(self, x: np.ndarray) -> np.ndarray:
+        for transform in self.transforms or ():
+            x = transform(x)
+        return x
+
+
+class ArrayDataset(Dataset):
+    """Examples held in memory: X[i] (with transforms applied) and, when given, y[i]."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray | None = None, transforms=None):
+        super().__init__(transforms)
+        if y is not None and len(X) != len(y):
+            raise ValueError(f"{len(X)} inputs but {len(y)} labels")
+        self.X = X
+        self.y = y
+
+    def __getitem__(self, index):
+        x = self.apply_transforms(self.X[index])
+        return x if self.y is None else (x, self.y[index])
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+
+class DataLoader:
+    """Batches of a dataset as tuples of Tensors (one per field of an example).
+
+    shuffle reorders every epoch from a generator seeded by `seed` (so a seed makes the
+    order reproducible); drop_last skips a final batch smaller than batch_size.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False,
+                 drop_last: bool = False, seed: int | None = None, device=None,
+                 dtype: str = "float32"):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.device = device
+        self.dtype = dtype
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        n, b = len(self.dataset), self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        n = len(self.dataset)
+        order = self.rng.permutation(n) if self.shuffle else np.arange(n)
+        for batch in range(len(self)):
+            indices = order[batch * self.batch_size : (batch + 1) * self.batch_size]
+            examples = [self.dataset[int(i)] for i in indices]
+            if not isinstance(examples[0], tuple):
+                examples = [(e,) for e in examples]
+            yield tuple(
+                Tensor(np.stack(field), device=self.device, dtype=self.dtype, requires_grad=False)
+                for field in zip(*examples, strict=True)
+            )

@@ -1,0 +1,1 @@
+"""Readers for the standard file formats of MNIST, CIFAR-10 and PTB."""

@@ -1,0 +1,55 @@
+"""MNIST from the original idx files (gzip-compressed or not)."""
+import gzip
+import struct
+
+import numpy as np
+
+from ..data_basic import Dataset
+
+_IMAGES_MAGIC, _LABELS_MAGIC = 2051, 2049
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        raw = f.read()
+    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+
+
+def parse_mnist(image_filename: str, label_filename: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images as float32 (N, rows * cols) scaled to [0, 1], labels as uint8 (N,)."""
+    images, labels = _read(image_filename), _read(label_filename)
+    if len(images) < 16 or struct.unpack(">I", images[:4])[0] != _IMAGES_MAGIC:
+        raise ValueError(f"{image_filename}: not an idx image file (magic {_IMAGES_MAGIC})")
+    if len(labels) < 8 or struct.unpack(">I", labels[:4])[0] != _LABELS_MAGIC:
+        raise ValueError(f"{label_filename}: not an idx label file (magic {_LABELS_MAGIC})")
+    n, rows, cols = struct.unpack(">III", images[4:16])
+    (n_labels,) = struct.unpack(">I", labels[4:8])
+    if len(images) != 16 + n * rows * cols:
+        raise ValueError(
+            f"{image_filename}: header says {n} images of {rows}x{cols} "
+            f"({16 + n * rows * cols} bytes) but the file has {len(images)} bytes"
+        )
+    if len(labels) != 8 + n_labels:
+        raise ValueError(
+            f"{label_filename}: header says {n_labels} labels, file has {len(labels) - 8}"
+        )
+    if n != n_labels:
+        raise ValueError(f"{n} images but {n_labels} labels")
+    X = np.frombuffer(images, dtype=np.uint8, offset=16).reshape(n, rows * cols)
+    return X.astype(np.float32) / 255.0, np.frombuffer(labels, dtype=np.uint8, offset=8).copy()
+
+
+class MNISTDataset(Dataset):
+    """Examples are (28 x 28 x 1 image in [0, 1], label)."""
+
+    def __init__(self, image_filename: str, label_filename: str, transforms=None):
+        super().__init__(transforms)
+        X, self.y = parse_mnist(image_filename, label_filename)
+        self.side = int(round(np.sqrt(X.shape[1])))
+        self.X = X.reshape(-1, self.side, self.side, 1)
+
+    def __getitem__(self, index):
+        return self.apply_transforms(self.X[index]), self.y[index]
+
+    def __len__(self) -> int:
+        return len(self.X)

@@ -1,0 +1,61 @@
+"""A Penn-Treebank-style word corpus (train.txt / test.txt, one sentence a line)."""
+import os
+
+import numpy as np
+
+from needle.autograd import Tensor
+
+
+class Dictionary:
+    """Word <-> id, ids given in order of first appearance."""
+
+    def __init__(self):
+        self.word2idx: dict[str, int] = {}
+        self.idx2word: list[str] = []
+
+    def add_word(self, word: str) -> int:
+        if word not in self.word2idx:
+            self.word2idx[word] = len(self.idx2word)
+            self.idx2word.append(word)
+        return self.word2idx[word]
+
+    def __len__(self) -> int:
+        return len(self.idx2word)
+
+
+class Corpus:
+    """Token ids of train.txt and test.txt; every line ends with an '<eos>' token."""
+
+    def __init__(self, base_dir: str, max_lines: int | None = None):
+        self.dictionary = Dictionary()
+        self.train = self.tokenize(os.path.join(base_dir, "train.txt"), max_lines)
+        self.test = self.tokenize(os.path.join(base_dir, "test.txt"), max_lines)
+
+    def tokenize(self, path: str, max_lines: int | None = None) -> list[int]:
+        ids = []
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f):
+                if max_lines is not None and n >= max_lines:
+                    break
+                ids.extend(self.dictionary.add_word(word) for word in line.split() + ["<eos>"])
+        return ids
+
+
+def batchify(data, batch_size: int) -> np.ndarray:
+    """Cut the token stream into batch_size columns: (len(data) // batch_size, batch_size)."""
+    rows = len(data) // batch_size
+    if rows == 0:
+        raise ValueError(f"{len(data)} tokens are too few for batch_size {batch_size}")
+    return np.array(data[: rows * batch_size], dtype=np.float32).reshape(batch_size, rows).T
+
+
+def get_batch(batches: np.ndarray, i: int, bptt: int, device=None, dtype="float32"):
+    """Inputs rows i..i+L-1 (L, batch) and their next tokens flattened (L * batch,),
+    L = min(bptt, rows - 1 - i)."""
+    length = min(bptt, len(batches) - 1 - i)
+    if length <= 0:
+        raise IndexError(f"batch start {i} leaves no targets in {len(batches)} rows")
+    data = batches[i : i + length]
+    target = batches[i + 1 : i + 1 + length].reshape(-1)
+    return (Tensor(data, device=device, dtype=dtype, requires_grad=False),
+            Tensor(target, device=device, dtype=dtype, requires_grad=False))

@@ -1,0 +1,41 @@
+"""Per-example image transforms on H x W x C arrays (randomness from numpy's global generator,
+so np.random.seed makes them reproducible)."""
+import numpy as np
+
+
+class RandomFlipHorizontal:
+    """Mirror the image left-right with probability p."""
+
+    def __init__(self, p: float = 0.5):
+        self.p = p
+
+    def __call__(self, img: np.ndarray) -> np.ndarray:
+        return img[:, ::-1, :] if np.random.rand() < self.p else img
+
+
+class RandomCrop:
+    """Shift the image by up to `padding` pixels each way, filling with zeros
+    (a random crop of the zero-padded image, same size as the input)."""
+
+    def __init__(self, padding: int = 3):
+        self.padding = padding
+
+    def __call__(self, img: np.ndarray) -> np.ndarray:
+        p = self.padding
+        shift_x, shift_y = np.random.randint(low=-p, high=p + 1, size=2)
+        h, w = img.shape[:2]
+        padded = np.pad(img, ((p, p), (p, p), (0, 0)))
+        return padded[p + shift_x : p + shift_x + h, p + shift_y : p + shift_y + w, :]
+
+
+class Normalize:
+    """(img - mean) / std per channel (the last axis)."""
+
+    def __init__(self, mean, std):
+        self.mean = np.asarray(mean, dtype=np.float32)
+        self.std = np.asarray(std, dtype=np.float32)
+        if np.any(self.std <= 0):
+            raise ValueError(f"Normalize std must be positive, got {std}")
+
+    def __call__(self, img: np.ndarray) -> np.ndarray:
+        return (img - self.mean) / self.std

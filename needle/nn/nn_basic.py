@@ -1,0 +1,312 @@
+"""Module, Parameter and the basic layers (CMU needle's `needle.nn`)."""
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from needle import init, ops
+from needle.autograd import Tensor
+from needle.ops.ops_nn import add_bias, softmax_cross_entropy
+
+
+class Parameter(Tensor):
+    """A tensor that a Module trains: `Module.parameters()` collects exactly these."""
+
+
+def _named_tensors(value: Any, prefix: str) -> Iterator[tuple[str, Tensor]]:
+    if isinstance(value, Tensor):
+        yield prefix, value
+        return
+    if isinstance(value, Module):
+        value = vars(value)
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return
+    for key, child in items:
+        yield from _named_tensors(child, f"{prefix}.{key}" if prefix else str(key))
+
+
+def _child_modules(value: Any) -> Iterator["Module"]:
+    if isinstance(value, Module):
+        yield value
+        value = vars(value)
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for child in value:
+            yield from _child_modules(child)
+
+
+def check_shape(module: "Module", x: Tensor, ndim: int, dims: dict[int, int]) -> None:
+    """Raise a ValueError naming the layer when x is not the shape it expects."""
+    bad = len(x.shape) != ndim or any(x.shape[axis] != size for axis, size in dims.items())
+    if bad:
+        expected = ["*"] * ndim
+        for axis, size in dims.items():
+            expected[axis] = str(size)
+        raise ValueError(
+            f"{type(module).__name__} expects input of shape ({', '.join(expected)}), "
+            f"got {tuple(x.shape)}"
+        )
+
+
+class Module:
+    """A layer: trainable Parameters and sub-modules found through its attributes."""
+
+    def __init__(self):
+        self.training = True
+
+    def named_tensors(self) -> list[tuple[str, Tensor]]:
+        """Every tensor held by this module tree (parameters and buffers), by dotted name."""
+        return list(_named_tensors(self, ""))
+
+    def parameters(self) -> list[Parameter]:
+        seen: dict[int, Parameter] = {}
+        for _, tensor in _named_tensors(self, ""):
+            if isinstance(tensor, Parameter):
+                seen.setdefault(id(tensor), tensor)
+        return list(seen.values())
+
+    def _children(self) -> list["Module"]:
+        return [m for m in _child_modules(vars(self))]
+
+    def eval(self) -> "Module":
+        self.training = False
+        for m in self._children():
+            m.training = False
+        return self
+
+    def train(self) -> "Module":
+        self.training = True
+        for m in self._children():
+            m.training = True
+        return self
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters and buffers (e.g. BatchNorm running statistics) as numpy arrays."""
+        return {name: tensor.numpy() for name, tensor in _named_tensors(self, "")}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Copy arrays into this module's tensors; names and shapes must match exactly."""
+        own = dict(_named_tensors(self, ""))
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise KeyError(
+                f"state_dict does not match {type(self).__name__}: "
+                f"missing {missing}, unexpected {unexpected}"
+            )
+        for name, tensor in own.items():
+            value = np.asarray(state[name])
+            if value.shape != tuple(tensor.shape):
+                raise ValueError(
+                    f"state_dict entry {name!r} has shape {value.shape}, "
+                    f"the module expects {tuple(tensor.shape)}"
+                )
+        for name, tensor in own.items():
+            tensor.data = Tensor(state[name], device=tensor.device, dtype=tensor.dtype)
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+class Identity(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class Linear(Module):
+    """y = x W + b over the last axis of x."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype="float32"):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(
+            init.kaiming_uniform(in_features, out_features, device=device, dtype=dtype)
+        )
+        self.bias = None
+        if bias:
+            self.bias = Parameter(
+                init.kaiming_uniform(out_features, 1, device=device, dtype=dtype).reshape(
+                    (1, out_features)
+                )
+            )
+
+    def forward(self, X: Tensor) -> Tensor:
+        if len(X.shape) < 2 or X.shape[-1] != self.in_features:
+            raise ValueError(
+                f"Linear expects input of shape (..., {self.in_features}), got {tuple(X.shape)}"
+            )
+        leading = X.shape[:-1]
+        if len(X.shape) > 2:
+            X = X.reshape((int(np.prod(leading)), self.in_features))
+        out = X @ self.weight
+        if self.bias is not None:
+            out = add_bias(out, self.bias)
+        if len(leading) > 1:
+            out = out.reshape((*leading, self.out_features))
+        return out
+
+
+class Flatten(Module):
+    def forward(self, X: Tensor) -> Tensor:
+        return X.reshape((X.shape[0], int(np.prod(X.shape[1:]))))
+
+
+class ReLU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.relu(x)
+
+
+class Tanh(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.tanh(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.sigmoid(x)
+
+
+class GELU(Module):
+    """The tanh approximation of GELU (as GPT-2 and BERT use it)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        inner = (x + x * x * x * 0.044715) * float(np.sqrt(2.0 / np.pi))
+        return x * (ops.tanh(inner) + 1.0) * 0.5
+
+
+class Sequential(Module):
+    def __init__(self, *modules):
+        super().__init__()
+        self.modules = modules
+
+    def forward(self, x: Tensor) -> Tensor:
+        for module in self.modules:
+            x = module(x)
+        return x
+
+
+class SoftmaxLoss(Module):
+    """Mean cross-entropy of logits (batch, classes) against integer labels (batch,)."""
+
+    def forward(self, logits: Tensor, y: Tensor) -> Tensor:
+        if len(logits.shape) != 2 or tuple(y.shape) != (logits.shape[0],):
+            raise ValueError(
+                f"SoftmaxLoss expects logits (batch, classes) and labels (batch,), "
+                f"got {tuple(logits.shape)} and {tuple(y.shape)}"
+            )
+        return softmax_cross_entropy(logits, y)
+
+
+class MSELoss(Module):
+    """Mean squared error over all elements."""
+
+    def forward(self, pred: Tensor, target: Tensor) -> Tensor:
+        if tuple(pred.shape) != tuple(target.shape):
+            raise ValueError(
+                f"MSELoss expects equal shapes, got {tuple(pred.shape)} and {tuple(target.shape)}"
+            )
+        diff = pred - target
+        return ops.summation(diff * diff) / float(np.prod(pred.shape))
+
+
+def _row(v: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Broadcast a per-feature vector (d,) against a tensor whose last axis is d."""
+    return ops.broadcast_to(ops.reshape(v, (1,) * (len(shape) - 1) + (shape[-1],)), shape)
+
+
+class BatchNorm1d(Module):
+    """Normalise each feature over the batch; running statistics are used in eval mode.
+
+    As in CMU needle, the running variance tracks the biased batch variance.
+    """
+
+    def __init__(self, dim, eps=1e-5, momentum=0.1, device=None, dtype="float32"):
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+        self.momentum = momentum
+        self.weight = Parameter(init.ones(dim, device=device, dtype=dtype))
+        self.bias = Parameter(init.zeros(dim, device=device, dtype=dtype))
+        self.running_mean = init.zeros(dim, device=device, dtype=dtype)
+        self.running_var = init.ones(dim, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_shape(self, x, 2, {1: self.dim})
+        n = x.shape[0]
+        if self.training:
+            mean = ops.summation(x, axes=(0,)) / n
+            centered = x - _row(mean, x.shape)
+            var = ops.summation(centered * centered, axes=(0,)) / n
+            m = self.momentum
+            self.running_mean = (self.running_mean * (1 - m) + mean.detach() * m).detach()
+            self.running_var = (self.running_var * (1 - m) + var.detach() * m).detach()
+        else:
+            centered = x - _row(self.running_mean, x.shape)
+            var = self.running_var
+        scale = self.weight / ops.power_scalar(var + self.eps, 0.5)
+        return centered * _row(scale, x.shape) + _row(self.bias, x.shape)
+
+
+class BatchNorm2d(BatchNorm1d):
+    """BatchNorm over the channels of NCHW images."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_shape(self, x, 4, {1: self.dim})
+        n, c, h, w = x.shape
+        rows = x.transpose((1, 2)).transpose((2, 3)).reshape((n * h * w, c))
+        y = super().forward(rows).reshape((n, h, w, c))
+        return y.transpose((2, 3)).transpose((1, 2))
+
+
+class LayerNorm1d(Module):
+    """Normalise over the last axis of x."""
+
+    def __init__(self, dim, eps=1e-5, device=None, dtype="float32"):
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+        self.weight = Parameter(init.ones(dim, device=device, dtype=dtype))
+        self.bias = Parameter(init.zeros(dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if len(x.shape) < 1 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"LayerNorm1d expects input of shape (..., {self.dim}), got {tuple(x.shape)}"
+            )
+        last = len(x.shape) - 1
+        keep = (*x.shape[:-1], 1)
+        mean = ops.summation(x, axes=(last,)).reshape(keep) / self.dim
+        centered = x - ops.broadcast_to(mean, x.shape)
+        var = ops.summation(centered * centered, axes=(last,)).reshape(keep) / self.dim
+        std = ops.broadcast_to(ops.power_scalar(var + self.eps, 0.5), x.shape)
+        return _row(self.weight, x.shape) * centered / std + _row(self.bias, x.shape)
+
+
+class Dropout(Module):
+    """Zero each element with probability p while training, scaling the rest by 1/(1-p)."""
+
+    def __init__(self, p=0.5):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        mask = init.randb(*x.shape, p=1 - self.p, device=x.device, dtype=x.dtype)
+        return x * mask / (1 - self.p)
+
+
+class Residual(Module):
+    def __init__(self, fn: Module):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x) + x

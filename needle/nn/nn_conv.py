@@ -1,0 +1,83 @@
+"""Convolution and pooling over NCHW images (the course's layout; ops.conv itself is NHWC)."""
+import math
+
+from needle import init, ops
+from needle.autograd import Tensor
+
+from .nn_basic import Module, Parameter, check_shape
+
+
+class Conv(Module):
+    """2-D convolution with 'same' padding (kernel_size // 2) and an optional bias."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True,
+                 device=None, dtype="float32"):
+        super().__init__()
+        if isinstance(kernel_size, tuple):
+            kernel_size = kernel_size[0]
+        if isinstance(stride, tuple):
+            stride = stride[0]
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = kernel_size
+        self.stride = stride
+        k2 = kernel_size * kernel_size
+        self.weight = Parameter(init.kaiming_uniform(
+            in_channels * k2, out_channels * k2,
+            shape=(kernel_size, kernel_size, in_channels, out_channels),
+            device=device, dtype=dtype,
+        ))
+        self.bias = None
+        if bias:
+            bound = 1.0 / math.sqrt(in_channels * k2)
+            self.bias = Parameter(
+                init.rand(out_channels, low=-bound, high=bound, device=device, dtype=dtype)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_shape(self, x, 4, {1: self.in_channels})
+        nhwc = x.transpose((1, 2)).transpose((2, 3))
+        out = ops.conv(nhwc, self.weight, stride=self.stride, padding=self.kernel_size // 2)
+        if self.bias is not None:
+            out = out + ops.broadcast_to(self.bias.reshape((1, 1, 1, self.out_channels)), out.shape)
+        return out.transpose((2, 3)).transpose((1, 2))
+
+
+class _Pool2d(Module):
+    """Pooling over k x k windows taken every `stride` pixels (default stride = k), no padding."""
+
+    def __init__(self, kernel_size, stride=None):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride or kernel_size
+
+    def reduce(self, x: Tensor, axis: int) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        if len(x.shape) != 4:
+            raise ValueError(f"{type(self).__name__} expects NCHW input, got {tuple(x.shape)}")
+        n, c, h, w = x.shape
+        k, s = self.kernel_size, self.stride
+        if h < k or w < k:
+            raise ValueError(f"{type(self).__name__}: window {k} is larger than image {h}x{w}")
+        ho, wo = (h - k) // s + 1, (w - k) // s + 1
+        if s == k and (h, w) == (ho * k, wo * k):
+            # windows tile the image exactly: a reshape instead of k*k strided copies
+            tiles = x.reshape((n, c, ho, k, wo, k))
+            return self.reduce(self.reduce(tiles, 5), 3)
+        views = [
+            x[:, :, i : i + s * (ho - 1) + 1 : s, j : j + s * (wo - 1) + 1 : s]
+            for i in range(k) for j in range(k)
+        ]
+        return self.reduce(ops.stack(views, 0), 0)
+
+
+class MaxPool2d(_Pool2d):
+    def reduce(self, x: Tensor, axis: int) -> Tensor:
+        return ops.max(x, axes=(axis,))
+
+
+class AvgPool2d(_Pool2d):
+    def reduce(self, x: Tensor, axis: int) -> Tensor:
+        return ops.summation(x, axes=(axis,)) / x.shape[axis]

@@ -1,0 +1,152 @@
+"""Recurrent layers and embeddings; sequences are (seq_len, batch, features) as in CMU needle."""
+import math
+
+import numpy as np
+
+from needle import init, ops
+from needle.autograd import Tensor
+
+from .nn_basic import Module, Parameter, check_shape
+
+
+def _uniform(*shape, bound, device, dtype):
+    return Parameter(init.rand(*shape, low=-bound, high=bound, device=device, dtype=dtype))
+
+
+class _Cell(Module):
+    """Weights shared by RNN and LSTM cells: gates = x W_ih + h W_hh + b_ih + b_hh."""
+
+    def __init__(self, input_size, hidden_size, gates, bias, device, dtype):
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.device = device
+        self.dtype = dtype
+        bound = 1.0 / math.sqrt(hidden_size)
+        width = gates * hidden_size
+        self.W_ih = _uniform(input_size, width, bound=bound, device=device, dtype=dtype)
+        self.W_hh = _uniform(hidden_size, width, bound=bound, device=device, dtype=dtype)
+        self.bias_ih = self.bias_hh = None
+        if bias:
+            self.bias_ih = _uniform(width, bound=bound, device=device, dtype=dtype)
+            self.bias_hh = _uniform(width, bound=bound, device=device, dtype=dtype)
+
+    def gates(self, X: Tensor, h: Tensor) -> Tensor:
+        check_shape(self, X, 2, {1: self.input_size})
+        out = X @ self.W_ih + h @ self.W_hh
+        if self.bias_ih is not None:
+            bias = (self.bias_ih + self.bias_hh).reshape((1, self.W_ih.shape[1]))
+            out = out + ops.broadcast_to(bias, out.shape)
+        return out
+
+    def zeros(self, batch: int) -> Tensor:
+        return init.zeros(batch, self.hidden_size, device=self.device, dtype=self.dtype)
+
+
+class RNNCell(_Cell):
+    """h' = tanh(x W_ih + h W_hh + b) (or relu)."""
+
+    def __init__(self, input_size, hidden_size, bias=True, nonlinearity="tanh",
+                 device=None, dtype="float32"):
+        super().__init__(input_size, hidden_size, 1, bias, device, dtype)
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        self.nonlinearity = ops.tanh if nonlinearity == "tanh" else ops.relu
+
+    def forward(self, X: Tensor, h: Tensor | None = None) -> Tensor:
+        h = self.zeros(X.shape[0]) if h is None else h
+        return self.nonlinearity(self.gates(X, h))
+
+
+class LSTMCell(_Cell):
+    """One LSTM step; gates are laid out (input, forget, cell, output) as in PyTorch."""
+
+    def __init__(self, input_size, hidden_size, bias=True, device=None, dtype="float32"):
+        super().__init__(input_size, hidden_size, 4, bias, device, dtype)
+
+    def forward(self, X: Tensor, h: tuple[Tensor, Tensor] | None = None):
+        h0, c0 = (self.zeros(X.shape[0]),) * 2 if h is None else h
+        batch, hidden = X.shape[0], self.hidden_size
+        i, f, g, o = ops.split(self.gates(X, h0).reshape((batch, 4, hidden)), axis=1)
+        c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(g)
+        return ops.sigmoid(o) * ops.tanh(c), c
+
+
+class RNN(Module):
+    """A stack of RNNCells over a sequence; returns (outputs of the last layer, final h)."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, nonlinearity="tanh",
+                 device=None, dtype="float32"):
+        super().__init__()
+        self.rnn_cells = [
+            RNNCell(input_size if k == 0 else hidden_size, hidden_size, bias, nonlinearity,
+                    device, dtype)
+            for k in range(num_layers)
+        ]
+
+    def forward(self, X: Tensor, h0: Tensor | None = None):
+        check_shape(self, X, 3, {2: self.rnn_cells[0].input_size})
+        layer_input = list(ops.split(X, axis=0))
+        h_start = [None] * len(self.rnn_cells) if h0 is None else list(ops.split(h0, axis=0))
+        h_final = []
+        for cell, h in zip(self.rnn_cells, h_start, strict=True):
+            outputs = []
+            for x in layer_input:
+                h = cell(x, h)
+                outputs.append(h)
+            h_final.append(h)
+            layer_input = outputs
+        return ops.stack(layer_input, 0), ops.stack(h_final, 0)
+
+
+class LSTM(Module):
+    """A stack of LSTMCells; returns (outputs of the last layer, (final h, final c))."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True,
+                 device=None, dtype="float32"):
+        super().__init__()
+        self.lstm_cells = [
+            LSTMCell(input_size if k == 0 else hidden_size, hidden_size, bias, device, dtype)
+            for k in range(num_layers)
+        ]
+
+    def forward(self, X: Tensor, h: tuple[Tensor, Tensor] | None = None):
+        check_shape(self, X, 3, {2: self.lstm_cells[0].input_size})
+        layer_input = list(ops.split(X, axis=0))
+        if h is None:
+            h_start = [None] * len(self.lstm_cells)
+        else:
+            h_start = list(zip(ops.split(h[0], axis=0), ops.split(h[1], axis=0), strict=True))
+        h_final, c_final = [], []
+        for cell, state in zip(self.lstm_cells, h_start, strict=True):
+            outputs = []
+            for x in layer_input:
+                state = cell(x, state)
+                outputs.append(state[0])
+            h_final.append(state[0])
+            c_final.append(state[1])
+            layer_input = outputs
+        return ops.stack(layer_input, 0), (ops.stack(h_final, 0), ops.stack(c_final, 0))
+
+
+class Embedding(Module):
+    """Rows of a learned (num_embeddings, embedding_dim) table, looked up by integer index."""
+
+    def __init__(self, num_embeddings, embedding_dim, device=None, dtype="float32"):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = Parameter(
+            init.randn(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: integer indices of any shape -> (*x.shape, embedding_dim)."""
+        indices = x.numpy().astype(np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self.num_embeddings):
+            raise ValueError(
+                f"Embedding index out of range [0, {self.num_embeddings}): "
+                f"min {indices.min()}, max {indices.max()}"
+            )
+        one_hot = init.one_hot(self.num_embeddings, indices.reshape(-1), device=self.weight.device)
+        return (one_hot @ self.weight).reshape((*indices.shape, self.embedding_dim))

@@ -1,0 +1,184 @@
+"""Optimisers, learning-rate schedules and gradient clipping (CMU needle's `needle.optim`).
+
+Updates run on the parameters' NDArrays directly: no autograd graph, no Tensor objects
+per step, which keeps the per-parameter cost to a few backend calls.
+"""
+import math
+
+import numpy as np
+
+from needle.autograd import Tensor
+from needle.backend_ndarray import NDArray
+
+
+def _array(t: Tensor) -> NDArray:
+    return t.realize_cached_data()
+
+
+class Optimizer:
+    def __init__(self, params, lr: float):
+        self.params = list(params)
+        self.lr = lr
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def reset_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Hyper-parameters and per-parameter state, keyed `<slot>.<parameter index>`."""
+        state = {"lr": np.array(self.lr)}
+        for slot, arrays in self._slots().items():
+            for i, value in arrays.items():
+                state[f"{slot}.{i}"] = value.numpy()
+        return state
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Checks every entry before changing anything, so a bad state leaves this intact."""
+        slots = self._slots()
+        settings, arrays = {}, []
+        for key, value in state.items():
+            slot, _, index = key.partition(".")
+            if not index:
+                if not isinstance(getattr(self, slot, None), (int, float)):
+                    raise KeyError(f"{type(self).__name__} has no setting {key!r}")
+                settings[slot] = type(getattr(self, slot))(value)
+                continue
+            if slot not in slots or not index.isdigit() or int(index) >= len(self.params):
+                raise KeyError(f"{type(self).__name__} state has no entry {key!r}")
+            param = self.params[int(index)]
+            if tuple(value.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"optimizer state {key!r} has shape {tuple(value.shape)}, "
+                    f"parameter {index} has shape {tuple(param.shape)}"
+                )
+            arrays.append((slots[slot], int(index), NDArray(value, device=param.device)))
+        for name, value in settings.items():
+            setattr(self, name, value)
+        for slot, index, value in arrays:
+            slot[index] = value
+
+    def _slots(self) -> dict[str, dict[int, NDArray]]:
+        """Per-parameter state arrays by slot name."""
+        return {}
+
+    def _grad(self, i: int, p: Tensor, weight_decay: float) -> NDArray | None:
+        if p.grad is None:
+            return None
+        grad = _array(p.grad)
+        if tuple(grad.shape) != tuple(p.shape):
+            raise ValueError(
+                f"gradient of parameter {i} has shape {grad.shape}, parameter has {p.shape}"
+            )
+        return grad + _array(p) * weight_decay if weight_decay else grad
+
+
+class SGD(Optimizer):
+    """SGD with CMU needle's momentum, u = momentum u + (1 - momentum) g, and L2 weight decay
+    added to the gradient."""
+
+    def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0):
+        super().__init__(params, lr)
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.u: dict[int, NDArray] = {}
+
+    def _slots(self):
+        return {"u": self.u}
+
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            grad = self._grad(i, p, self.weight_decay)
+            if grad is None:
+                continue
+            if self.momentum:
+                u = self.u.get(i)
+                grad = grad * (1 - self.momentum) if u is None else (
+                    u * self.momentum + grad * (1 - self.momentum)
+                )
+                self.u[i] = grad
+            p.cached_data = _array(p) - grad * self.lr
+
+
+class Adam(Optimizer):
+    """Adam with bias correction; weight decay is added to the gradient (L2)."""
+
+    def __init__(self, params, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+        super().__init__(params, lr)
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.eps = eps
+        self.weight_decay = weight_decay
+        self.t = 0
+        self.m: dict[int, NDArray] = {}
+        self.v: dict[int, NDArray] = {}
+
+    def _slots(self):
+        return {"m": self.m, "v": self.v}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {**super().state_dict(), "t": np.array(self.t)}
+
+    def step(self) -> None:
+        self.t += 1
+        b1, b2 = self.beta1, self.beta2
+        step_size = self.lr / (1 - b1**self.t)
+        v_correction = 1 / (1 - b2**self.t)
+        for i, p in enumerate(self.params):
+            grad = self._grad(i, p, self.weight_decay)
+            if grad is None:
+                continue
+            m, v = self.m.get(i), self.v.get(i)
+            m = grad * (1 - b1) if m is None else m * b1 + grad * (1 - b1)
+            v = grad * grad * (1 - b2) if v is None else v * b2 + grad * grad * (1 - b2)
+            self.m[i], self.v[i] = m, v
+            denom = (v * v_correction) ** 0.5 + self.eps
+            p.cached_data = _array(p) - m * step_size / denom
+
+
+class StepLR:
+    """lr = base_lr * gamma ** (steps // step_size); call step() once per epoch (or batch)."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1):
+        self.optimizer = optimizer
+        self.step_size = step_size
+        self.gamma = gamma
+        self.base_lr = optimizer.lr
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        self.optimizer.lr = self.base_lr * self.gamma ** (self.steps // self.step_size)
+
+
+class CosineLR:
+    """Cosine decay from base_lr to min_lr over total_steps calls of step(), then flat."""
+
+    def __init__(self, optimizer: Optimizer, total_steps: int, min_lr: float = 0.0):
+        self.optimizer = optimizer
+        self.total_steps = total_steps
+        self.min_lr = min_lr
+        self.base_lr = optimizer.lr
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        progress = min(self.steps, self.total_steps) / self.total_steps
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        self.optimizer.lr = self.min_lr + (self.base_lr - self.min_lr) * cosine
+
+
+def clip_grad_norm(params, max_norm: float) -> float:
+    """Scale all gradients so that their joint L2 norm is at most max_norm; returns the norm
+    before clipping."""
+    grads = [p for p in params if p.grad is not None]
+    total = math.sqrt(sum(float((_array(p.grad) ** 2.0).sum().numpy()) for p in grads))
+    if not math.isfinite(total):
+        raise FloatingPointError(f"gradient norm is {total}; refusing to clip non-finite gradients")
+    if total > max_norm:
+        scale = max_norm / (total + 1e-6)
+        for p in grads:
+            p.grad = Tensor(_array(p.grad) * scale, device=p.grad.device, requires_grad=False)
+    return total

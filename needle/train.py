@@ -1,0 +1,314 @@
+"""Train a model on local data: `python -m needle.train --help`.
+
+Classification (digits, MNIST, CIFAR-10) or word-level language modelling (a PTB-style
+corpus), with a progress bar per epoch, optional CSV/JSON metrics, a PNG of the curves and
+checkpoints. Nothing is downloaded: digits ship with scikit-learn, the rest are read from
+--data-dir in their standard file formats.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from typing import TextIO
+
+import numpy as np
+
+from needle import checkpoint, data, models, nn, optim
+from needle.autograd import no_grad
+from needle.backend_ndarray import cpu, cpu_numpy, cuda
+
+DEVICES = {"cpu": cpu, "cpu_numpy": cpu_numpy, "cuda": cuda}
+
+
+class ProgressBar:
+    """One line per epoch, redrawn in place: bar, batches, running metrics, samples/s."""
+
+    def __init__(self, total: int, desc: str, stream: TextIO, width: int = 24):
+        self.total, self.desc, self.stream, self.width = total, desc, stream, width
+        self.start = time.perf_counter()
+        self.last_draw = 0.0
+
+    def update(self, done: int, samples: int, metrics: dict[str, float], final=False) -> None:
+        now = time.perf_counter()
+        if not final and now - self.last_draw < 0.1:
+            return
+        self.last_draw = now
+        filled = self.width * done // max(self.total, 1)
+        rate = samples / max(now - self.start, 1e-9)
+        shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        self.stream.write(
+            f"\r{self.desc} [{'#' * filled}{'.' * (self.width - filled)}] "
+            f"{done}/{self.total} {shown} {rate:,.0f} samples/s"
+        )
+        if final:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
+              optimizer: optim.Optimizer | None = None, clip: float | None = None,
+              desc: str = "", stream: TextIO | None = None) -> dict[str, float]:
+    """One pass over loader; trains when an optimizer is given, else evaluates without a graph.
+    Returns mean loss, accuracy and samples/s."""
+    model.train() if optimizer else model.eval()
+    bar = ProgressBar(len(loader), desc, stream) if stream else None
+    total_loss, correct, seen = 0.0, 0, 0
+    start = time.perf_counter()
+    for step, (X, y) in enumerate(loader, 1):
+        if optimizer:
+            optimizer.reset_grad()
+            logits = model(X)
+            loss = loss_fn(logits, y)
+            loss.backward()
+            if clip:
+                optim.clip_grad_norm(optimizer.params, clip)
+            optimizer.step()
+        else:
+            with no_grad():
+                logits = model(X)
+                loss = loss_fn(logits, y)
+        batch = y.shape[0]
+        total_loss += float(loss.numpy()) * batch
+        correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
+        seen += batch
+        if bar:
+            bar.update(step, seen, {"loss": total_loss / seen, "acc": correct / seen})
+    seconds = time.perf_counter() - start
+    metrics = {"loss": total_loss / seen, "acc": correct / seen, "samples_per_s": seen / seconds}
+    if bar:
+        bar.update(len(loader), seen, {"loss": metrics["loss"], "acc": metrics["acc"]}, final=True)
+    return metrics
+
+
+def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
+                 optimizer: optim.Optimizer | None = None, clip: float | None = None,
+                 device=None, desc: str = "", stream: TextIO | None = None) -> dict[str, float]:
+    """One pass over batchified tokens (rows, batch) in windows of bptt steps; the recurrent
+    state is carried across windows but not differentiated through them."""
+    model.train() if optimizer else model.eval()
+    loss_fn = nn.SoftmaxLoss()
+    starts = range(0, len(batches) - 1, bptt)
+    bar = ProgressBar(len(starts), desc, stream) if stream else None
+    total_loss, correct, seen, h = 0.0, 0, 0, None
+    start = time.perf_counter()
+    for step, i in enumerate(starts, 1):
+        X, y = data.get_batch(batches, i, bptt, device=device)
+        if optimizer:
+            optimizer.reset_grad()
+            logits, h = model(X, h)
+            loss = loss_fn(logits, y)
+            loss.backward()
+            if clip:
+                optim.clip_grad_norm(optimizer.params, clip)
+            optimizer.step()
+        else:
+            with no_grad():
+                logits, h = model(X, h)
+                loss = loss_fn(logits, y)
+        h = tuple(t.detach() for t in h) if isinstance(h, tuple) else h.detach()
+        total_loss += float(loss.numpy()) * y.shape[0]
+        correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
+        seen += y.shape[0]
+        if bar:
+            bar.update(step, seen, {"loss": total_loss / seen, "ppl": math.exp(total_loss / seen)})
+    seconds = time.perf_counter() - start
+    metrics = {"loss": total_loss / seen, "acc": correct / seen, "samples_per_s": seen / seconds}
+    if bar:
+        bar.update(len(starts), seen, {"loss": metrics["loss"]}, final=True)
+    return metrics
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0):
+    """scikit-learn's bundled 8x8 digits as (N, 1, 8, 8) in [0, 1], split train/test at random
+    with a fixed seed."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    digits = sklearn_digits()
+    X = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
+    y = digits.target.astype(np.float32)
+    order = np.random.default_rng(seed).permutation(len(X))
+    n_test = int(len(X) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return X[train], y[train], X[test], y[test]
+
+
+def _find(data_dir: str, *names: str) -> str:
+    for name in names:
+        for candidate in (name, name + ".gz"):
+            path = os.path.join(data_dir, candidate)
+            if os.path.exists(path):
+                return path
+    raise FileNotFoundError(f"none of {names} (or .gz) in {data_dir}")
+
+
+def load_classification(name: str, data_dir: str | None, seed: int):
+    """(X_train, y_train, X_test, y_test) with images NCHW in [0, 1]."""
+    if name == "digits":
+        return load_digits(seed=seed)
+    if data_dir is None:
+        raise ValueError(f"--data {name} needs --data-dir")
+    if name == "mnist":
+        split = []
+        for prefix in ("train", "t10k"):
+            ds = data.MNISTDataset(_find(data_dir, f"{prefix}-images-idx3-ubyte"),
+                                   _find(data_dir, f"{prefix}-labels-idx1-ubyte"))
+            split += [ds.X.transpose(0, 3, 1, 2), ds.y.astype(np.float32)]
+        return tuple(split)
+    if name == "cifar10":
+        train, test = (data.CIFAR10Dataset(data_dir, train=t) for t in (True, False))
+        return train.X, train.y.astype(np.float32), test.X, test.y.astype(np.float32)
+    raise ValueError(f"unknown dataset {name!r}")
+
+
+def build_classifier(name: str, image_shape: tuple[int, ...], classes: int, device):
+    if name == "mlp":
+        return models.MLP(int(np.prod(image_shape)), (128,), classes, device=device)
+    if name == "small-resnet":
+        return models.SmallResNet(image_shape[0], classes, width=16, image_size=image_shape[1],
+                                  device=device)
+    if name == "resnet9":
+        return models.ResNet9(device=device, num_classes=classes)
+    if name == "resnet18":
+        return models.ResNet18(classes, in_channels=image_shape[0], pool=image_shape[1] // 8,
+                               device=device)
+    raise ValueError(f"unknown model {name!r} for classification")
+
+
+def build_optimizer(args, params) -> optim.Optimizer:
+    if args.optimizer == "sgd":
+        return optim.SGD(params, lr=args.lr, momentum=args.momentum,
+                         weight_decay=args.weight_decay)
+    return optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
+
+
+def build_schedule(args, optimizer):
+    if args.schedule == "step":
+        return optim.StepLR(optimizer, step_size=max(args.epochs // 3, 1), gamma=0.1)
+    if args.schedule == "cosine":
+        return optim.CosineLR(optimizer, total_steps=args.epochs)
+    return None
+
+
+def write_metrics(history: list[dict[str, float]], path: str) -> None:
+    """Per-epoch metrics as JSON (a list of objects) or CSV, chosen by the file's suffix."""
+    if path.endswith(".json"):
+        with open(path, "w") as f:
+            json.dump(history, f, indent=1)
+        return
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+
+
+def plot_metrics(history: list[dict[str, float]], path: str) -> None:
+    """Loss and accuracy per epoch, train and test, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [row["epoch"] for row in history]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, metric in zip(axes, ("loss", "acc"), strict=True):
+        for split in ("train", "test"):
+            ax.plot(epochs, [row[f"{split}_{metric}"] for row in history], marker="o", label=split)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(metric)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m needle.train", description=__doc__.split("\n")[0])
+    p.add_argument("--data", choices=["digits", "mnist", "cifar10", "ptb"], default="digits")
+    p.add_argument("--data-dir", help="folder with the dataset's files (not needed for digits)")
+    p.add_argument("--model", default="mlp",
+                   choices=["mlp", "small-resnet", "resnet9", "resnet18", "lstm", "transformer"])
+    p.add_argument("--device", choices=list(DEVICES), default="cpu")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--schedule", choices=["none", "step", "cosine"], default="none")
+    p.add_argument("--clip", type=float, help="clip the gradient norm to this value")
+    p.add_argument("--bptt", type=int, default=20, help="language models: window length")
+    p.add_argument("--max-lines", type=int, help="language models: read at most this many lines")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log", help="write per-epoch metrics to this .csv or .json file")
+    p.add_argument("--plot", help="write a PNG of the training curves to this file")
+    p.add_argument("--save", help="write a checkpoint (model + optimizer) here after each epoch")
+    p.add_argument("--resume", help="load a checkpoint (model + optimizer) before training")
+    return p.parse_args(argv)
+
+
+def main(argv=None, stream: TextIO = sys.stderr) -> list[dict[str, float]]:
+    args = parse_args(argv)
+    np.random.seed(args.seed)
+    device = DEVICES[args.device]()
+    if not device.enabled():
+        raise SystemExit(f"device {args.device} is not available on this machine")
+    language = args.data == "ptb"
+    if language != (args.model in ("lstm", "transformer")):
+        raise SystemExit("use --model lstm or transformer with --data ptb, and only then")
+    if language:
+        if args.data_dir is None:
+            raise SystemExit("--data ptb needs --data-dir with train.txt and test.txt")
+        corpus = data.Corpus(args.data_dir, max_lines=args.max_lines)
+        train_rows = data.batchify(corpus.train, args.batch_size)
+        test_rows = data.batchify(corpus.test, args.batch_size)
+        model = models.LanguageModel(64, len(corpus.dictionary), 128, num_layers=1,
+                                     seq_model=args.model, seq_len=args.bptt, device=device)
+
+        def epoch(optimizer, desc):
+            rows = train_rows if optimizer else test_rows
+            return run_lm_epoch(model, rows, args.bptt, optimizer, args.clip, device, desc, stream)
+    else:
+        X_train, y_train, X_test, y_test = load_classification(args.data, args.data_dir, args.seed)
+        classes = int(max(y_train.max(), y_test.max())) + 1
+        if args.model == "mlp":
+            X_train, X_test = X_train.reshape(len(X_train), -1), X_test.reshape(len(X_test), -1)
+        model = build_classifier(args.model, X_train.shape[1:], classes, device)
+        loaders = {
+            True: data.DataLoader(data.ArrayDataset(X_train, y_train), args.batch_size,
+                                  shuffle=True, seed=args.seed, device=device),
+            False: data.DataLoader(data.ArrayDataset(X_test, y_test), args.batch_size,
+                                   device=device),
+        }
+        loss_fn = nn.SoftmaxLoss()
+
+        def epoch(optimizer, desc):
+            loader = loaders[optimizer is not None]
+            return run_epoch(model, loader, loss_fn, optimizer, args.clip, desc, stream)
+
+    optimizer = build_optimizer(args, model.parameters())
+    if args.resume:
+        checkpoint.load(args.resume, model, optimizer)
+    schedule = build_schedule(args, optimizer)
+    history = []
+    for n in range(1, args.epochs + 1):
+        train = epoch(optimizer, f"epoch {n}/{args.epochs} train")
+        test = epoch(None, f"epoch {n}/{args.epochs} test ")
+        history.append({"epoch": n, "lr": optimizer.lr,
+                        **{f"train_{k}": v for k, v in train.items()},
+                        **{f"test_{k}": v for k, v in test.items()}})
+        if schedule:
+            schedule.step()
+        if args.save:
+            checkpoint.save(args.save, model, optimizer)
+        if args.log:
+            write_metrics(history, args.log)
+    if args.plot:
+        plot_metrics(history, args.plot)
+    return history
+
+
+if __name__ == "__main__":
+    main()
