@@ -1,0 +1,389 @@
+"""Tensor and reverse-mode automatic differentiation.
+
+A Tensor is a node of the computation graph: the Op that produced it, its
+input Tensors and its value (an NDArray). backward() walks the graph in
+reverse topological order, iteratively, so deep graphs need no recursion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from .backend_ndarray import NDArray
+from .backend_ndarray.ndarray import BackendDevice
+
+LAZY_MODE = False
+"""When True, values are computed only when asked for (realize_cached_data)."""
+
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Inside this block ops record no graph (inference, optimiser updates)."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class Op:
+    """An operator: compute() on NDArrays, gradient() on Tensors."""
+
+    def __call__(self, *args):
+        raise NotImplementedError
+
+    def compute(self, *args: NDArray):
+        raise NotImplementedError
+
+    def gradient(self, out_grad: Value, node: Value) -> Value | tuple[Value, ...]:
+        """The adjoints of the inputs given the adjoint of the output."""
+        raise NotImplementedError
+
+    def gradient_as_tuple(self, out_grad: Value, node: Value) -> tuple[Value, ...]:
+        grads = self.gradient(out_grad, node)
+        if isinstance(grads, tuple):
+            return grads
+        if isinstance(grads, list):
+            return tuple(grads)
+        return (grads,)
+
+
+class TensorOp(Op):
+    def __call__(self, *args) -> Tensor:
+        return Tensor.make_from_op(self, args)
+
+
+class TensorTupleOp(Op):
+    def __call__(self, *args) -> TensorTuple:
+        return TensorTuple.make_from_op(self, args)
+
+
+class Value:
+    """A graph node: op + inputs, and the cached value."""
+
+    op: Op | None
+    inputs: tuple[Value, ...]
+    cached_data: object
+    requires_grad: bool
+
+    def _init(self, op, inputs, *, cached_data=None, requires_grad: bool | None = None) -> None:
+        if requires_grad is None:
+            requires_grad = any(x.requires_grad for x in inputs)
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.cached_data = cached_data
+        self.requires_grad = requires_grad
+
+    def realize_cached_data(self):
+        """The value, computing any unevaluated ancestors first (only in LAZY_MODE)."""
+        if self.cached_data is None:
+            for node in find_topo_sort([self]):
+                if node.cached_data is None:
+                    node.cached_data = node.op.compute(*[x.cached_data for x in node.inputs])
+        return self.cached_data
+
+    def is_leaf(self) -> bool:
+        return self.op is None
+
+    @classmethod
+    def make_const(cls, data, *, requires_grad: bool = False):
+        value = cls.__new__(cls)
+        value._init(None, (), cached_data=data, requires_grad=requires_grad)
+        return value
+
+    @classmethod
+    def make_from_op(cls, op: Op, inputs):
+        value = cls.__new__(cls)
+        if not _grad_enabled:
+            value._init(None, (), requires_grad=False)
+            value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
+            return value
+        value._init(op, inputs)
+        if not LAZY_MODE:
+            value.cached_data = op.compute(*[x.cached_data for x in value.inputs])
+            if not value.requires_grad:  # nothing will flow back: drop the graph
+                value.op, value.inputs = None, ()
+        return value
+
+
+class TensorTuple(Value):
+    """A tuple of Tensors produced by one op (e.g. split)."""
+
+    def __len__(self) -> int:
+        return len(self.realize_cached_data())
+
+    def __getitem__(self, index: int) -> Tensor:
+        from .ops import tuple_get_item
+
+        return tuple_get_item(self, index)
+
+    def tuple(self) -> tuple[Tensor, ...]:
+        return tuple(self[i] for i in range(len(self)))
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.tuple())
+
+    def __repr__(self) -> str:
+        return f"needle.TensorTuple{self.tuple()!r}"
+
+    def __add__(self, other: TensorTuple) -> TensorTuple:
+        from .ops import make_tuple
+
+        if len(self) != len(other):
+            raise ValueError(f"cannot add tuples of {len(self)} and {len(other)} tensors")
+        return make_tuple(*[a + b for a, b in zip(self, other, strict=True)])
+
+    def detach(self) -> TensorTuple:
+        return TensorTuple.make_const(self.realize_cached_data())
+
+
+class Tensor(Value):
+    """A float32 tensor on a device, recording the ops applied to it."""
+
+    grad: Tensor | None
+
+    def __init__(
+        self,
+        array,
+        *,
+        device: BackendDevice | None = None,
+        dtype: str | None = "float32",
+        requires_grad: bool = True,
+    ):
+        if isinstance(array, Value):
+            array = array.realize_cached_data()
+        if isinstance(array, NDArray):
+            if dtype not in (None, "float32"):
+                raise TypeError(f"needle tensors hold float32 only, got dtype {dtype!r}")
+            data = array if device is None else array.to(device)
+        else:
+            data = NDArray(np.asarray(array), device=device, dtype=dtype or "float32")
+        self._init(None, (), cached_data=data, requires_grad=requires_grad)
+
+    def _init(self, op, inputs, *, cached_data=None, requires_grad=None) -> None:
+        super()._init(op, inputs, cached_data=cached_data, requires_grad=requires_grad)
+        self.grad = None
+
+    # ------------------------------------------------------------------ data
+    @property
+    def data(self) -> Tensor:
+        """The value as a new Tensor outside the graph."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        if not isinstance(value, Tensor):
+            raise TypeError(f"Tensor.data must be set to a Tensor, got {type(value).__name__}")
+        new = value.realize_cached_data()
+        if new.shape != self.shape:
+            raise ValueError(f"Tensor.data: new shape {new.shape} differs from {self.shape}")
+        self.cached_data = new
+
+    def detach(self) -> Tensor:
+        return Tensor.make_const(self.realize_cached_data())
+
+    def numpy(self) -> np.ndarray:
+        return self.realize_cached_data().numpy()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.realize_cached_data().shape
+
+    @property
+    def dtype(self) -> str:
+        return "float32"
+
+    @property
+    def device(self) -> BackendDevice:
+        return self.realize_cached_data().device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"needle.Tensor({self.realize_cached_data()})"
+
+    def __str__(self) -> str:
+        return str(self.realize_cached_data())
+
+    __hash__ = object.__hash__
+
+    # ------------------------------------------------------------------ autodiff
+    def backward(self, out_grad: Tensor | None = None) -> None:
+        """Fill .grad of every Tensor this one depends on (the adjoint of self, default ones)."""
+        if out_grad is None:
+            out_grad = Tensor(
+                self.device.ones(*self.shape), device=self.device, requires_grad=False
+            )
+        elif out_grad.shape != self.shape:
+            raise ValueError(f"backward: out_grad shape {out_grad.shape} != {self.shape}")
+        compute_gradient_of_variables(self, out_grad)
+
+    # ------------------------------------------------------------------ operators
+    def __add__(self, other) -> Tensor:
+        from . import ops
+
+        return ops.add(self, other) if isinstance(other, Tensor) else ops.add_scalar(self, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other) -> Tensor:
+        from . import ops
+
+        if isinstance(other, Tensor):
+            return ops.add(self, ops.negate(other))
+        return ops.add_scalar(self, -other)
+
+    def __rsub__(self, other) -> Tensor:
+        from . import ops
+
+        return ops.add_scalar(ops.negate(self), other)
+
+    def __mul__(self, other) -> Tensor:
+        from . import ops
+
+        if isinstance(other, Tensor):
+            return ops.multiply(self, other)
+        return ops.mul_scalar(self, other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other) -> Tensor:
+        from . import ops
+
+        if isinstance(other, Tensor):
+            return ops.divide(self, other)
+        return ops.divide_scalar(self, other)
+
+    def __rtruediv__(self, other) -> Tensor:
+        from . import ops
+
+        return ops.mul_scalar(ops.power_scalar(self, -1), other)
+
+    def __pow__(self, other) -> Tensor:
+        from . import ops
+
+        if isinstance(other, Tensor):
+            return ops.power(self, other)
+        return ops.power_scalar(self, other)
+
+    def __neg__(self) -> Tensor:
+        from . import ops
+
+        return ops.negate(self)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        from . import ops
+
+        return ops.matmul(self, other)
+
+    def __getitem__(self, idxs) -> Tensor:
+        from . import ops
+
+        return ops.getitem(self, idxs)
+
+    def _compare(self, other, fn) -> Tensor:
+        """Comparisons give 1.0/0.0 constants: they have no gradient."""
+        rhs = other.realize_cached_data() if isinstance(other, Tensor) else other
+        return Tensor.make_const(fn(self.realize_cached_data(), rhs))
+
+    def __eq__(self, other) -> Tensor:  # type: ignore[override]
+        return self._compare(other, NDArray.__eq__)
+
+    def __ne__(self, other) -> Tensor:  # type: ignore[override]
+        return self._compare(other, NDArray.__ne__)
+
+    def __ge__(self, other) -> Tensor:
+        return self._compare(other, NDArray.__ge__)
+
+    def __gt__(self, other) -> Tensor:
+        return self._compare(other, NDArray.__gt__)
+
+    def __le__(self, other) -> Tensor:
+        return self._compare(other, NDArray.__le__)
+
+    def __lt__(self, other) -> Tensor:
+        return self._compare(other, NDArray.__lt__)
+
+    # ------------------------------------------------------------------ shape methods
+    def sum(self, axes=None, keepdims: bool = False) -> Tensor:
+        from . import ops
+
+        return ops.summation(self, axes, keepdims)
+
+    def max(self, axes=None, keepdims: bool = False) -> Tensor:
+        from . import ops
+
+        return ops.max(self, axes, keepdims)
+
+    def reshape(self, *shape) -> Tensor:
+        from . import ops
+
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = shape[0]
+        return ops.reshape(self, tuple(shape))
+
+    def transpose(self, axes=None) -> Tensor:
+        from . import ops
+
+        return ops.transpose(self, axes)
+
+    def broadcast_to(self, shape) -> Tensor:
+        from . import ops
+
+        return ops.broadcast_to(self, shape)
+
+
+def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
+    """Reverse-mode AD: sum each node's adjoint contributions, then push them to its inputs."""
+    grads: dict[Value, list[Value]] = {output: [out_grad]}
+    with no_grad():
+        for node in reversed(find_topo_sort([output])):
+            contributions = grads.pop(node, None)
+            if contributions is None:
+                continue
+            adjoint = contributions[0]
+            for grad in contributions[1:]:
+                adjoint = adjoint + grad
+            if isinstance(node, Tensor):
+                node.grad = adjoint
+            if node.op is None:
+                continue
+            for inp, grad in zip(
+                node.inputs, node.op.gradient_as_tuple(adjoint, node), strict=True
+            ):
+                if inp.requires_grad:
+                    grads.setdefault(inp, []).append(grad)
+
+
+def find_topo_sort(nodes: Iterable[Value]) -> list[Value]:
+    """Post-order DFS (inputs before users), with an explicit stack."""
+    order: list[Value] = []
+    visited: set[int] = set()
+    for root in nodes:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in visited:
+                continue
+            visited.add(id(node))
+            stack.append((node, True))
+            stack.extend((x, False) for x in reversed(node.inputs) if id(x) not in visited)
+    return order

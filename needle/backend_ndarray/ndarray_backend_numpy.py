@@ -1,0 +1,151 @@
+"""Reference backend in pure numpy: the same primitives as the C++ and CUDA modules.
+
+Every function takes flat float32 `Array` buffers plus (shape, strides, offset) in
+elements, exactly like the compiled backends, so NDArray's view logic is shared.
+"""
+
+import numpy as np
+
+__device_name__ = "numpy"
+__tile_size__ = 1
+
+_ITEMSIZE = 4
+
+
+class Array:
+    """A flat buffer of `size` float32 elements."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, size: int):
+        if size < 0:
+            raise ValueError(f"Array size must be >= 0, got {size}")
+        self.array = np.empty(size, dtype=np.float32)
+
+    @property
+    def size(self) -> int:
+        return self.array.size
+
+    def ptr(self) -> int:
+        return self.array.ctypes.data
+
+
+def _strided(a: Array, shape, strides, offset: int) -> np.ndarray:
+    """The strided view (shape, strides, offset) of a's buffer, without copying."""
+    return np.lib.stride_tricks.as_strided(
+        a.array[offset:], tuple(shape), tuple(s * _ITEMSIZE for s in strides)
+    )
+
+
+def _same_size(*arrays: Array) -> None:
+    size = arrays[0].array.size
+    if any(x.array.size != size for x in arrays[1:]):
+        raise ValueError(f"buffer sizes differ: {[x.array.size for x in arrays]}")
+
+
+def fill(out: Array, val: float) -> None:
+    out.array.fill(val)
+
+
+def from_numpy(a: np.ndarray, out: Array) -> None:
+    if a.size != out.array.size:
+        raise ValueError(f"from_numpy: {a.size} elements into a buffer of {out.array.size}")
+    out.array[:] = a.reshape(-1)
+
+
+def to_numpy(a: Array, shape, strides, offset: int) -> np.ndarray:
+    return np.array(_strided(a, shape, strides, offset), dtype=np.float32)
+
+
+def compact(a: Array, out: Array, shape, strides, offset: int) -> None:
+    np.copyto(out.array.reshape(shape), _strided(a, shape, strides, offset))
+
+
+def ewise_setitem(a: Array, out: Array, shape, strides, offset: int) -> None:
+    _strided(out, shape, strides, offset)[...] = a.array.reshape(shape)
+
+
+def scalar_setitem(size: int, val: float, out: Array, shape, strides, offset: int) -> None:
+    _strided(out, shape, strides, offset)[...] = val
+
+
+def _ewise(fn):
+    def op(a: Array, b: Array, out: Array) -> None:
+        _same_size(a, b, out)
+        fn(a.array, b.array, out=out.array)
+
+    op.__name__ = fn.__name__
+    return op
+
+
+def _scalar(fn):
+    def op(a: Array, val: float, out: Array) -> None:
+        _same_size(a, out)
+        fn(a.array, np.float32(val), out=out.array)
+
+    op.__name__ = fn.__name__
+    return op
+
+
+def _unary(fn):
+    def op(a: Array, out: Array) -> None:
+        _same_size(a, out)
+        fn(a.array, out=out.array)
+
+    op.__name__ = fn.__name__
+    return op
+
+
+def _equal(x, y, out):
+    np.copyto(out, np.equal(x, y))
+
+
+def _greater_equal(x, y, out):
+    np.copyto(out, np.greater_equal(x, y))
+
+
+ewise_add = _ewise(np.add)
+ewise_mul = _ewise(np.multiply)
+ewise_div = _ewise(np.divide)
+ewise_pow = _ewise(np.power)
+ewise_maximum = _ewise(np.maximum)
+ewise_eq = _ewise(_equal)
+ewise_ge = _ewise(_greater_equal)
+
+scalar_add = _scalar(np.add)
+scalar_mul = _scalar(np.multiply)
+scalar_div = _scalar(np.divide)
+scalar_power = _scalar(np.power)
+scalar_maximum = _scalar(np.maximum)
+scalar_eq = _scalar(_equal)
+scalar_ge = _scalar(_greater_equal)
+
+ewise_log = _unary(np.log)
+ewise_exp = _unary(np.exp)
+ewise_tanh = _unary(np.tanh)
+ewise_sqrt = _unary(np.sqrt)
+
+
+def matmul(a: Array, b: Array, out: Array, m: int, n: int, p: int) -> None:
+    if a.array.size != m * n or b.array.size != n * p or out.array.size != m * p:
+        raise ValueError(
+            f"matmul: buffers of {a.array.size}, {b.array.size}, {out.array.size} elements "
+            f"do not fit m={m}, n={n}, p={p}"
+        )
+    np.matmul(a.array.reshape(m, n), b.array.reshape(n, p), out=out.array.reshape(m, p))
+
+
+def _groups(a: Array, out: Array, reduce_size: int) -> np.ndarray:
+    if reduce_size < 1 or a.array.size != out.array.size * reduce_size:
+        raise ValueError(
+            f"reduce: {a.array.size} elements are not {out.array.size} groups of {reduce_size}"
+        )
+    return a.array.reshape(out.array.size, reduce_size)
+
+
+def reduce_sum(a: Array, out: Array, reduce_size: int) -> None:
+    np.sum(_groups(a, out, reduce_size), axis=1, out=out.array)
+
+
+def reduce_max(a: Array, out: Array, reduce_size: int) -> None:
+    np.max(_groups(a, out, reduce_size), axis=1, out=out.array)

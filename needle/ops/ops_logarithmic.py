@@ -1,0 +1,33 @@
+"""Numerically stable log-sum-exp."""
+
+from __future__ import annotations
+
+from ..autograd import NDArray, Tensor, TensorOp
+from .ops_mathematic import exp
+from .ops_shape import _keepdims_shape, _reduced_axes, broadcast_to, reshape
+
+
+class LogSumExp(TensorOp):
+    """log(sum(exp(z), axes)), computed as max + log(sum(exp(z - max)))."""
+
+    def __init__(self, axes=None):
+        self.axes = axes
+
+    def compute(self, z: NDArray) -> NDArray:
+        top = z.max(self.axes, keepdims=True)
+        shifted = (z - top.broadcast_to(z.shape)).exp().sum(self.axes, keepdims=True)
+        return (shifted.log() + top).reshape(self._out_shape(z))
+
+    def _out_shape(self, z: NDArray) -> tuple[int, ...]:
+        axes = _reduced_axes(self.axes, z.ndim)
+        return tuple(d for i, d in enumerate(z.shape) if i not in axes)
+
+    def gradient(self, out_grad, node):
+        z = node.inputs[0]
+        kept = _keepdims_shape(z.shape, _reduced_axes(self.axes, len(z.shape)))
+        softmax = exp(z - broadcast_to(reshape(node, kept), z.shape))
+        return broadcast_to(reshape(out_grad, kept), z.shape) * softmax
+
+
+def logsumexp(a: Tensor, axes=None) -> Tensor:
+    return LogSumExp(axes)(a)

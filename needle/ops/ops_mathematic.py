@@ -1,0 +1,249 @@
+"""Elementwise, scalar and matrix-product ops."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ..autograd import NDArray, Tensor, TensorOp
+from .ops_shape import _broadcast_grad, transpose
+
+
+class EWiseAdd(TensorOp):
+    def compute(self, a: NDArray, b: NDArray) -> NDArray:
+        return a + b
+
+    def gradient(self, out_grad, node):
+        return out_grad, out_grad
+
+
+def add(a: Tensor, b: Tensor) -> Tensor:
+    return EWiseAdd()(a, b)
+
+
+class AddScalar(TensorOp):
+    def __init__(self, scalar: float):
+        self.scalar = scalar
+
+    def compute(self, a: NDArray) -> NDArray:
+        return a + self.scalar
+
+    def gradient(self, out_grad, node):
+        return out_grad
+
+
+def add_scalar(a: Tensor, scalar: float) -> Tensor:
+    return AddScalar(scalar)(a)
+
+
+class EWiseMul(TensorOp):
+    def compute(self, a: NDArray, b: NDArray) -> NDArray:
+        return a * b
+
+    def gradient(self, out_grad, node):
+        a, b = node.inputs
+        return out_grad * b, out_grad * a
+
+
+def multiply(a: Tensor, b: Tensor) -> Tensor:
+    return EWiseMul()(a, b)
+
+
+class MulScalar(TensorOp):
+    def __init__(self, scalar: float):
+        self.scalar = scalar
+
+    def compute(self, a: NDArray) -> NDArray:
+        return a * self.scalar
+
+    def gradient(self, out_grad, node):
+        return out_grad * self.scalar
+
+
+def mul_scalar(a: Tensor, scalar: float) -> Tensor:
+    return MulScalar(scalar)(a)
+
+
+class EWiseDiv(TensorOp):
+    def compute(self, a: NDArray, b: NDArray) -> NDArray:
+        return a / b
+
+    def gradient(self, out_grad, node):
+        a, b = node.inputs
+        return out_grad / b, -out_grad * a / (b * b)
+
+
+def divide(a: Tensor, b: Tensor) -> Tensor:
+    return EWiseDiv()(a, b)
+
+
+class DivScalar(TensorOp):
+    def __init__(self, scalar: float):
+        self.scalar = scalar
+
+    def compute(self, a: NDArray) -> NDArray:
+        return a / self.scalar
+
+    def gradient(self, out_grad, node):
+        return out_grad / self.scalar
+
+
+def divide_scalar(a: Tensor, scalar: float) -> Tensor:
+    return DivScalar(scalar)(a)
+
+
+class PowerScalar(TensorOp):
+    def __init__(self, scalar: float):
+        self.scalar = scalar
+
+    def compute(self, a: NDArray) -> NDArray:
+        return a**self.scalar
+
+    def gradient(self, out_grad, node):
+        a = node.inputs[0]
+        return out_grad * self.scalar * a ** (self.scalar - 1)
+
+
+def power_scalar(a: Tensor, scalar: float) -> Tensor:
+    return PowerScalar(scalar)(a)
+
+
+class EWisePow(TensorOp):
+    """a ** b elementwise (a > 0 where b is not an integer)."""
+
+    def compute(self, a: NDArray, b: NDArray) -> NDArray:
+        return a**b
+
+    def gradient(self, out_grad, node):
+        a, b = node.inputs
+        return out_grad * b * a ** (b - 1), out_grad * node * log(a)
+
+
+def power(a: Tensor, b: Tensor) -> Tensor:
+    return EWisePow()(a, b)
+
+
+class Negate(TensorOp):
+    def compute(self, a: NDArray) -> NDArray:
+        return a * -1.0
+
+    def gradient(self, out_grad, node):
+        return negate(out_grad)
+
+
+def negate(a: Tensor) -> Tensor:
+    return Negate()(a)
+
+
+class Log(TensorOp):
+    def compute(self, a: NDArray) -> NDArray:
+        return a.log()
+
+    def gradient(self, out_grad, node):
+        return out_grad / node.inputs[0]
+
+
+def log(a: Tensor) -> Tensor:
+    return Log()(a)
+
+
+class Exp(TensorOp):
+    def compute(self, a: NDArray) -> NDArray:
+        return a.exp()
+
+    def gradient(self, out_grad, node):
+        return out_grad * node
+
+
+def exp(a: Tensor) -> Tensor:
+    return Exp()(a)
+
+
+class ReLU(TensorOp):
+    def compute(self, a: NDArray) -> NDArray:
+        return a.maximum(0.0)
+
+    def gradient(self, out_grad, node):
+        dead = node.realize_cached_data() == 0.0
+        return out_grad * Tensor.make_const(1.0 - dead)
+
+
+def relu(a: Tensor) -> Tensor:
+    return ReLU()(a)
+
+
+class Tanh(TensorOp):
+    def compute(self, a: NDArray) -> NDArray:
+        return a.tanh()
+
+    def gradient(self, out_grad, node):
+        return out_grad * (1.0 - node * node)
+
+
+def tanh(a: Tensor) -> Tensor:
+    return Tanh()(a)
+
+
+class Sigmoid(TensorOp):
+    """1 / (1 + exp(-a)), written through tanh so large |a| cannot overflow."""
+
+    def compute(self, a: NDArray) -> NDArray:
+        return ((a * 0.5).tanh() + 1.0) * 0.5
+
+    def gradient(self, out_grad, node):
+        return out_grad * node * (1.0 - node)
+
+
+def sigmoid(a: Tensor) -> Tensor:
+    return Sigmoid()(a)
+
+
+class Sqrt(TensorOp):
+    def compute(self, a: NDArray) -> NDArray:
+        return a.sqrt()
+
+    def gradient(self, out_grad, node):
+        return out_grad / (node * 2.0)
+
+
+def sqrt(a: Tensor) -> Tensor:
+    return Sqrt()(a)
+
+
+_active_offload = None
+
+
+def _offload_policy():
+    """The remote-offload policy of needle.remote if that module exists and one is active."""
+    global _active_offload
+    if _active_offload is None:
+        if importlib.util.find_spec("needle.remote") is None:
+            _active_offload = lambda: None  # noqa: E731
+        else:
+            _active_offload = importlib.import_module("needle.remote").active_offload
+    return _active_offload()
+
+
+class MatMul(TensorOp):
+    """a @ b with numpy.matmul broadcasting of the leading (batch) axes.
+
+    Inside `needle.remote.offload(...)`, the active policy's matmul(a, b) may
+    return the product computed remotely (it returns None to decline).
+    """
+
+    def compute(self, a: NDArray, b: NDArray) -> NDArray:
+        policy = _offload_policy()
+        if policy is not None:
+            out = policy.matmul(a, b)
+            if out is not None:
+                return out
+        return a @ b
+
+    def gradient(self, out_grad, node):
+        a, b = node.inputs
+        grad_a = matmul(out_grad, transpose(b))
+        grad_b = matmul(transpose(a), out_grad)
+        return _broadcast_grad(grad_a, a.shape), _broadcast_grad(grad_b, b.shape)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    return MatMul()(a, b)
