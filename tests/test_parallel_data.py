@@ -11,12 +11,16 @@ STEPS = 3
 
 @pytest.mark.skipif(LAUNCHER is None, reason="no MPI launcher (mpiexec/mpirun) found")
 @pytest.mark.parametrize(
-    "batch, bucket_mb",
-    [(8, 4.0), (7, 0.0005)],  # one bucket, even shards; ~40 buckets, shards of 4 and 3 rows
-    ids=["one-bucket-even", "many-buckets-uneven"],
+    "batch, bucket_mb, offload",
+    [
+        (8, 4.0, "local"),  # one bucket, even shards
+        (7, 0.0005, "local"),  # ~20 buckets, shards of 4 and 3 rows
+        (8, 0.001, "offload"),  # matmuls through needle.remote's offload policy
+    ],
+    ids=["one-bucket-even", "many-buckets-uneven", "offloaded-matmuls"],
 )
-def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb):
-    run_mpi("dp_train.py", tmp_path, STEPS, batch, bucket_mb)
+def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload):
+    run_mpi("dp_train.py", tmp_path, STEPS, batch, bucket_mb, offload)
     expected = train_reference(seed=0, steps=STEPS, batch=batch)
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     for r, weights in enumerate(ranks):
@@ -25,6 +29,10 @@ def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
     for name in ranks[0].files:
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
+    offloaded = [int((tmp_path / f"offloaded{r}.txt").read_text()) for r in range(2)]
+    # per step, 3 Linear layers: 3 matmuls forward, 2 each backward (the input is a needle
+    # Tensor, which requires grad by default)
+    assert offloaded == ([STEPS * 9] * 2 if offload == "offload" else [0, 0])
     # The script then wraps replicas of different shapes: every rank must refuse them.
     for r in range(2):
         message = (tmp_path / f"mismatch{r}.txt").read_text()

@@ -1,4 +1,9 @@
-"""Run under mpiexec: data-parallel training; each rank saves its final weights to OUTDIR."""
+"""Run under mpiexec: data-parallel training; each rank saves its final weights to OUTDIR.
+
+With "offload", every matmul (forward and backward) goes through needle.remote's offload
+policy to its in-process executor, the path that remote jobs take.
+"""
+import contextlib
 import sys
 
 import numpy as np
@@ -7,20 +12,26 @@ from common import CPU, make_batches, make_model
 import needle as ndl
 from needle import nn
 from needle.parallel import Communicator, DataParallel
+from needle.remote import LocalExecutor
+from needle.remote import offload as offload_to
 
 outdir, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-bucket_mb = float(sys.argv[4])
+bucket_mb, offload = float(sys.argv[4]), sys.argv[5] == "offload"
 comm = Communicator()
 # Rank 1 starts from different weights: DataParallel must broadcast rank 0's.
 model = DataParallel(make_model(seed=comm.rank), comm, bucket_mb=bucket_mb)
 opt = ndl.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 loss_fn = nn.SoftmaxLoss()
-for x, y in make_batches(steps, batch):
-    xl, yl = model.shard(x), model.shard(y)
-    opt.reset_grad()
-    loss = loss_fn(model(ndl.Tensor(xl, device=CPU)), ndl.Tensor(yl, device=CPU))
-    model.backward(loss, model.local_fraction(len(x)))
-    opt.step()
+executor = LocalExecutor()
+with offload_to(executor) if offload else contextlib.nullcontext():
+    for x, y in make_batches(steps, batch):
+        xl, yl = model.shard(x), model.shard(y)
+        opt.reset_grad()
+        loss = loss_fn(model(ndl.Tensor(xl, device=CPU)), ndl.Tensor(yl, device=CPU))
+        model.backward(loss, model.local_fraction(len(x)))
+        opt.step()
+with open(f"{outdir}/offloaded{comm.rank}.txt", "w") as f:
+    f.write(str(executor.calls))
 np.savez(f"{outdir}/rank{comm.rank}.npz", *[p.numpy() for p in model.parameters()])
 
 # Replicas that differ must be refused on every rank, not deadlock.

@@ -1,0 +1,129 @@
+"""Data-parallel training throughput of ResNet9 on 32x32 inputs: 1 rank against 2.
+
+    python bench/parallel.py                      # CPU: 1 vs 2 processes
+    python bench/parallel.py --device cuda        # 1 vs 2 GPUs (NCCL through CuPy if present)
+
+Each configuration is started with the MPI launcher next to this python
+(`mpiexec -n R python bench/parallel.py --worker ...`); every rank trains on
+its own batch of `--batch` synthetic images (weak scaling: 2 ranks process
+twice the images per step), and rank 0 reports images per second over the
+timed steps. The ratio is against the 1-rank run measured in the same
+invocation. On CPU each rank gets `--threads` OpenMP threads; the 1-rank run
+with all threads is reported too, since that is what a single process can
+already use.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+RESULT_TAG = "RESULT "
+
+
+def worker(opts: argparse.Namespace) -> None:
+    """One rank: time `opts.steps` data-parallel SGD steps after `opts.warmup` untimed ones."""
+    if opts.device == "cuda":
+        from needle.parallel.comm import select_gpu_for_rank
+
+        select_gpu_for_rank()  # before needle starts CUDA
+    import numpy as np
+
+    import needle as ndl
+    from needle import nn
+    from needle.models import ResNet9
+    from needle.parallel import Communicator, DataParallel, NcclCommunicator, nccl_available
+
+    device = ndl.cuda() if opts.device == "cuda" else ndl.cpu()
+    if not device.enabled():
+        raise SystemExit(f"device {opts.device} is not available here")
+    host = Communicator()
+    use_nccl = opts.device == "cuda" and nccl_available()
+    comm = NcclCommunicator(host) if use_nccl else host
+    np.random.seed(0)
+    model = DataParallel(ResNet9(device=device, dtype="float32"), comm)
+    opt = ndl.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.SoftmaxLoss()
+    rng = np.random.default_rng(host.rank)
+    x = ndl.Tensor(rng.standard_normal((opts.batch, 3, 32, 32), np.float32), device=device)
+    y = ndl.Tensor(rng.integers(0, 10, opts.batch).astype(np.float32), device=device)
+
+    def step() -> float:
+        opt.reset_grad()
+        loss = loss_fn(model(x), y)
+        model.backward(loss)
+        opt.step()
+        return loss.numpy().item()  # waits for the device, as a training loop that logs would
+
+    for _ in range(opts.warmup):
+        step()
+    host.barrier()
+    start = time.perf_counter()
+    for _ in range(opts.steps):
+        step()
+    host.barrier()
+    elapsed = time.perf_counter() - start
+    if host.rank == 0:
+        images = opts.steps * opts.batch * host.size
+        result = {
+            "ranks": host.size,
+            "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
+            "allreduce": "nccl" if use_nccl else "mpi",
+            "seconds": elapsed,
+            "images_per_s": images / elapsed,
+        }
+        print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def run(ranks: int, threads: int, opts: argparse.Namespace) -> dict:
+    from needle.parallel import launch_command
+
+    args = ["--worker", "--device", opts.device, "--batch", str(opts.batch)]
+    args += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(
+        launch_command(ranks, os.path.abspath(__file__), args),
+        env=env, capture_output=True, text=True, timeout=opts.timeout,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
+    raise RuntimeError(f"{ranks}-rank run failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--batch", type=int, default=None, help="images per rank per step")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="OpenMP threads per CPU rank")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    gpu = opts.device == "cuda"
+    opts.batch = opts.batch or (128 if gpu else 8)
+    opts.steps = opts.steps or (20 if gpu else 5)
+    if opts.worker:
+        worker(opts)
+        return
+    configs = [(1, opts.threads), (2, opts.threads)]
+    if not gpu:
+        configs.append((1, 2 * opts.threads))  # one process using every core the 2 ranks use
+    results = [run(ranks, threads, opts) for ranks, threads in configs]
+    base = results[0]["images_per_s"]
+    print(f"ResNet9, 32x32, {opts.device}, batch {opts.batch}/rank, {opts.steps} timed steps")
+    print(f"{'ranks':>5} {'threads/rank':>12} {'allreduce':>9} {'images/s':>9} {'vs 1 rank':>9}")
+    for r in results:
+        threads = r["threads"] if not gpu else "-"
+        print(
+            f"{r['ranks']:>5} {threads:>12} {r['allreduce']:>9} "
+            f"{r['images_per_s']:>9.1f} {r['images_per_s'] / base:>8.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
