@@ -1,0 +1,205 @@
+"""End to end with real processes on 127.0.0.1: a chain node, worker processes (one honest,
+one cheating, one that hangs and is killed), and the job client with signed transactions.
+
+The scenarios share one chain and run in order (the cheater's slash in the first leaves it
+unable to claim in the later ones)."""
+
+import os
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from chain.blobs import blob_id, encode_array
+from chain.devnet import dev_account
+from node.client import JobClient, RemoteJobError
+from node.devnet import Devnet
+from node.keys import load_or_create
+from node.market import Market
+
+pytestmark = pytest.mark.timeout(240)
+FEE = 10**15
+CHEAT_ENV = {"NEEDLE_NET_ALLOW_CHEAT": "1"}
+MARKET = "0x000000000000000000000000000000000000c0DE"
+POOL = "0x0000000000000000000000000000000000000FEE"
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    devnet = Devnet(tmp_path_factory.mktemp("devnet"), block_time=0.2)
+    try:
+        devnet.start_chain()
+        # Keys exist before any snapshot so every party is in the conservation sums.
+        for index in range(3):
+            load_or_create(devnet.worker_dir(index) / "key.json", devnet.password_file.read_text())
+        yield devnet
+    finally:
+        devnet.close()
+
+
+@pytest.fixture(scope="module")
+def observer(net):
+    market = Market(net.rpc_url, dev_account(7))
+    yield market
+    market.close()
+
+
+def _parties(net) -> list[str]:
+    workers = [load_or_create(net.worker_dir(i) / "key.json", net.password_file.read_text())
+               for i in range(3)]
+    return [dev_account(i).address for i in range(20)] + [w.address for w in workers] + [
+        MARKET, POOL]
+
+
+def _snapshot(market, net) -> tuple[int, int]:
+    """(head, sum of every party's balance) read at one head (retried until stable)."""
+    while True:
+        head = market.block_number()
+        total = sum(market.balance_of(a) for a in _parties(net))
+        if market.block_number() == head:
+            return head, total
+
+
+def _burned(market, first: int, last: int) -> int:
+    total = 0
+    for number in range(first, last + 1):
+        block = market.w3.eth.get_block(number)
+        total += block["gasUsed"] * block.get("baseFeePerGas", 0)
+    return total
+
+
+def _events(market, name, **filters):
+    return list(getattr(market.contract.events, name).get_logs(argument_filters=filters,
+                                                               from_block=0))
+
+
+def _wait_for(predicate, timeout, what):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _in_thread(fn):
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the test thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join(timeout):
+        thread.join(timeout)
+        assert not thread.is_alive(), "client call did not finish"
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    return join
+
+
+def _operands(seed, shape_a, shape_b):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape_a).astype(np.float32),
+            rng.standard_normal(shape_b).astype(np.float32))
+
+
+def test_cheater_is_slashed_and_never_paid_honest_worker_is_paid(net, observer):
+    h0, total0 = _snapshot(observer, net)
+    cheater = net.start_worker(0, extra_args=("--corrupt-results",), env=CHEAT_ENV)
+    client = JobClient(net.rpc_url, dev_account(1), fee_wei=FEE, timeout=120)
+    a, b = _operands(0, (24, 16), (16, 8))
+    result = _in_thread(lambda: client.matmul(a, b))
+    _wait_for(lambda: _events(observer, "JobFailed", worker=cheater.address), 60,
+              "the cheater's result to fail verification")
+    honest = net.start_worker(1)
+    c = result(120)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+    # A batch in one transaction: the slashed cheater can no longer claim; all correct.
+    pairs = [_operands(s, (8 + s, 12), (12, 5 + s)) for s in range(1, 4)]
+    pairs.append(_operands(9, (3, 6, 4), (3, 4, 7)))  # a batched job
+    results = client.matmul_batch(pairs)
+    for (x, y), z in zip(pairs, results, strict=True):
+        np.testing.assert_allclose(z, np.matmul(x.astype(np.float64), y), rtol=1e-4, atol=1e-4)
+    client.close()
+
+    assert _events(observer, "JobVerified", worker=cheater.address) == []
+    failed = _events(observer, "JobFailed", worker=cheater.address)
+    slashed = sum(e["args"]["slashed"] for e in failed)
+    assert slashed == 10**18 // 2  # 50 % of the minimum stake, once
+    assert observer.stake_of(cheater.address) == 10**18 - slashed
+    verified = _events(observer, "JobVerified", worker=honest.address)
+    assert len(verified) == 5 and all(e["args"]["fee"] == FEE for e in verified)
+    status = httpx.get(f"{honest.api_url}/status").json()
+    assert status["completed"] == 5 and status["earned_wei"] == 5 * FEE
+    assert httpx.get(f"{cheater.api_url}/status").json()["failed"] == 1
+
+    _wait_for(lambda: all(observer.job(j).status == 4 for j in range(observer.job_count())), 10,
+              "every job done")
+    h1, total1 = _snapshot(observer, net)
+    assert total1 - total0 == -_burned(observer, h0 + 1, h1)
+    contract_holds = observer.contract.functions.totalEscrow().call() + \
+        observer.contract.functions.totalStaked().call()
+    assert observer.balance_of(MARKET) == contract_holds
+
+
+def test_killed_worker_job_is_reassigned_after_deadline(net, observer):
+    honest = next(w for w in net.workers if w.index == 1)
+    assert net.stop_worker(honest) == 0  # graceful stop: nothing in flight
+    staller = net.start_worker(2, extra_args=("--stall-after-claim", "600"), env=CHEAT_ENV)
+    client = JobClient(net.rpc_url, dev_account(2), fee_wei=FEE, timeout=120, timeout_blocks=8)
+    a, b = _operands(5, (10, 20), (20, 6))
+    result = _in_thread(lambda: client.matmul(a, b))
+    _wait_for(lambda: _events(observer, "JobClaimed", worker=staller.address), 60,
+              "the staller to claim")
+    net.stop_worker(staller, kill=True)
+    net.start_worker(1)  # restarts from its saved state
+    c = result(120)
+    client.close()
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    cut = _events(observer, "JobFailed", worker=staller.address)
+    assert len(cut) == 1 and cut[0]["args"]["slashed"] == 10**18 // 10
+    job_id = cut[0]["args"]["jobId"]
+    assert observer.job(job_id).worker == honest.address
+    assert _events(observer, "JobReopened", jobId=job_id)
+
+
+@pytest.mark.parametrize("a,b,match", [
+    (np.ones((3, 4), np.float32), np.ones((5, 2), np.float32), "shape mismatch"),
+    (np.full((2, 2), np.nan, np.float32), np.ones((2, 2), np.float32), "NaN"),
+    (np.ones((2, 2), np.float64), np.ones((2, 2), np.float64), "unsupported dtype"),
+    (np.ones((2, 2), np.float32), np.ones((2, 2), np.int32), "dtypes differ"),
+    (np.ones((64, 64), np.float32), np.ones((64, 64), np.float32), "blob limit"),
+])
+def test_bad_input_is_refused_before_the_chain(net, observer, a, b, match):
+    client = JobClient(net.rpc_url, dev_account(3), fee_wei=FEE, max_blob_bytes=8192)
+    jobs, balance = observer.job_count(), observer.balance_of(client.address)
+    with pytest.raises(RemoteJobError, match=match) as err:
+        client.matmul(a, b)
+    assert err.value.stage == "validate"
+    assert observer.job_count() == jobs and observer.balance_of(client.address) == balance
+    client.close()
+
+
+def test_blob_with_wrong_hash_is_rejected_and_corruption_detected(net, observer):
+    data = encode_array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    wrong = blob_id(data + b"x")
+    url = f"{net.rpc_url}/blobs/0x{wrong.hex()}"
+    assert httpx.put(url, content=data).status_code == 400
+    assert httpx.head(url).status_code == 404
+    # A blob store that serves bytes not matching the id (disk corruption, a forged store):
+    id_ = observer.put_blob(data)
+    stored = net.data_dir / "chain" / "blobs" / id_.hex()
+    stored.write_bytes(encode_array(np.zeros((2, 3), np.float32)))
+    with pytest.raises(Exception, match="different hash"):
+        observer.get_blob(id_)
+    assert os.path.exists(stored)
