@@ -4,29 +4,36 @@ import pytest
 from parallel_scripts.common import make_model, train_reference
 from parallel_scripts.mpi_run import LAUNCHER, run_mpi
 
-from needle.parallel import plan_buckets
+import needle as ndl
+from needle.parallel import nccl_available, plan_buckets
 
 STEPS = 3
+TWO_GPUS = pytest.mark.skipif(
+    not (ndl.cuda().enabled() and ndl.cuda().device_count() >= 2 and nccl_available()),
+    reason="needs 2 CUDA GPUs and CuPy with NCCL",
+)
 
 
 @pytest.mark.skipif(LAUNCHER is None, reason="no MPI launcher (mpiexec/mpirun) found")
 @pytest.mark.parametrize(
-    "batch, bucket_mb, offload",
+    "batch, bucket_mb, offload, device",
     [
-        (8, 4.0, "local"),  # one bucket, even shards
-        (7, 0.0005, "local"),  # ~20 buckets, shards of 4 and 3 rows
-        (8, 0.001, "offload"),  # matmuls through needle.remote's offload policy
+        (8, 4.0, "local", "cpu"),  # one bucket, even shards
+        (7, 0.0005, "local", "cpu"),  # ~20 buckets, shards of 4 and 3 rows
+        (8, 0.001, "offload", "cpu"),  # matmuls through needle.remote's offload policy
+        pytest.param(7, 0.0005, "local", "cuda", marks=TWO_GPUS),  # NCCL, buckets on GPU
     ],
-    ids=["one-bucket-even", "many-buckets-uneven", "offloaded-matmuls"],
+    ids=["one-bucket-even", "many-buckets-uneven", "offloaded-matmuls", "nccl-two-gpus"],
 )
-def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload):
-    run_mpi("dp_train.py", tmp_path, STEPS, batch, bucket_mb, offload)
+def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload, device):
+    run_mpi("dp_train.py", tmp_path, STEPS, batch, bucket_mb, offload, device)
     expected = train_reference(seed=0, steps=STEPS, batch=batch)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if device == "cpu" else {"rtol": 1e-4, "atol": 1e-5}
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     for r, weights in enumerate(ranks):
         got = [weights[f"arr_{i}"] for i in range(len(weights.files))]
         for g, e in zip(got, expected, strict=True):
-            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
+            np.testing.assert_allclose(g, e, err_msg=f"rank {r}", **tol)
     for name in ranks[0].files:
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
     offloaded = [int((tmp_path / f"offloaded{r}.txt").read_text()) for r in range(2)]

@@ -11,15 +11,21 @@ from common import CPU, make_batches, make_model
 
 import needle as ndl
 from needle import nn
-from needle.parallel import Communicator, DataParallel
+from needle.parallel import Communicator, DataParallel, NcclCommunicator
+from needle.parallel.comm import select_gpu_for_rank
 from needle.remote import LocalExecutor
 from needle.remote import offload as offload_to
 
+ON_GPU = sys.argv[6] == "cuda"
+if ON_GPU:
+    select_gpu_for_rank()  # before the first use of CUDA: one GPU per rank
+
 outdir, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 bucket_mb, offload = float(sys.argv[4]), sys.argv[5] == "offload"
-comm = Communicator()
+device = ndl.cuda() if ON_GPU else CPU
+comm = NcclCommunicator(Communicator()) if ON_GPU else Communicator()
 # Rank 1 starts from different weights: DataParallel must broadcast rank 0's.
-model = DataParallel(make_model(seed=comm.rank), comm, bucket_mb=bucket_mb)
+model = DataParallel(make_model(seed=comm.rank, device=device), comm, bucket_mb=bucket_mb)
 opt = ndl.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 loss_fn = nn.SoftmaxLoss()
 executor = LocalExecutor()
@@ -27,7 +33,7 @@ with offload_to(executor) if offload else contextlib.nullcontext():
     for x, y in make_batches(steps, batch):
         xl, yl = model.shard(x), model.shard(y)
         opt.reset_grad()
-        loss = loss_fn(model(ndl.Tensor(xl, device=CPU)), ndl.Tensor(yl, device=CPU))
+        loss = loss_fn(model(ndl.Tensor(xl, device=device)), ndl.Tensor(yl, device=device))
         model.backward(loss, model.local_fraction(len(x)))
         opt.step()
 with open(f"{outdir}/offloaded{comm.rank}.txt", "w") as f:
@@ -36,7 +42,7 @@ np.savez(f"{outdir}/rank{comm.rank}.npz", *[p.numpy() for p in model.parameters(
 
 # Replicas that differ must be refused on every rank, not deadlock.
 try:
-    DataParallel(nn.Linear(3, 3 + comm.rank), comm)
+    DataParallel(nn.Linear(3, 3 + comm.rank, device=device), comm)
     message = "accepted"
 except ValueError as err:
     message = str(err)
