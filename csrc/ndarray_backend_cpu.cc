@@ -39,13 +39,12 @@ struct AlignedFree {
   void operator()(void* ptr) const { std::free(ptr); }
 };
 
-// A cache-line aligned float buffer, zero-initialised; `bytes` is rounded up as aligned_alloc needs.
+// An uninitialised cache-line aligned float buffer (like np.empty); aligned_alloc needs whole lines.
 std::unique_ptr<scalar_t[], AlignedFree> aligned_buffer(size_t elements) {
   size_t bytes = std::max<size_t>(elements * sizeof(scalar_t), kAlignment);
   bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* ptr = std::aligned_alloc(kAlignment, bytes);
   if (ptr == nullptr) throw std::bad_alloc();
-  std::memset(ptr, 0, bytes);
   return std::unique_ptr<scalar_t[], AlignedFree>(static_cast<scalar_t*>(ptr));
 }
 
@@ -422,45 +421,44 @@ int thread_id() {
 }
 
 // c (m x p) = a (m x n) @ b (n x p), all compact row-major; n > 0.
+// Per KC x NC panel of B (packed once, shared), C is cut into tiles of MC rows x a group of
+// B slivers, handed out dynamically so that a thread slowed down by another process on this
+// core does not hold the other back at the barrier; each thread packs the A block it needs.
 void gemm(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n, int64_t p) {
-  const int64_t row_slivers = (m + MR - 1) / MR, col_slivers = (std::min(p, NC) + NR - 1) / NR;
-  int threads = 2 * m * n * p < kParallelFlops ? 1 : max_threads();
-  // Threads split the longer side: rows of C (each packs its own A blocks) or B's column slivers.
-  const bool split_rows = row_slivers >= col_slivers;
-  threads = static_cast<int>(std::min<int64_t>(threads, split_rows ? row_slivers : col_slivers));
-  threads = std::max(threads, 1);
+  const int64_t row_blocks = (m + MC - 1) / MC, max_slivers = (std::min(p, NC) + NR - 1) / NR;
+  const int threads = 2 * m * n * p < kParallelFlops ? 1 : max_threads();
+  constexpr int64_t kTilesPerThread = 8;
 
-  auto b_packed = aligned_buffer(static_cast<size_t>(KC * col_slivers * NR));
+  auto b_packed = aligned_buffer(static_cast<size_t>(KC * max_slivers * NR));
   std::vector<std::unique_ptr<scalar_t[], AlignedFree>> a_packed;
   for (int t = 0; t < threads; ++t) a_packed.push_back(aligned_buffer(MC * KC));
 
 #pragma omp parallel num_threads(threads)
   {
-    const int tid = thread_id();
-    scalar_t* ap = a_packed[tid].get();
-    int64_t row_begin = 0, row_end = m;
-    if (split_rows) {
-      row_begin = std::min(m, row_slivers * tid / threads * MR);
-      row_end = std::min(m, row_slivers * (tid + 1) / threads * MR);
-    }
+    scalar_t* ap = a_packed[thread_id()].get();
     for (int64_t jc = 0; jc < p; jc += NC) {
       const int64_t nc = std::min(NC, p - jc), slivers = (nc + NR - 1) / NR;
-      int64_t sliver_begin = 0, sliver_end = slivers;
-      if (!split_rows) {
-        sliver_begin = slivers * tid / threads;
-        sliver_end = slivers * (tid + 1) / threads;
-      }
+      const int64_t col_groups =
+          threads == 1 ? 1
+                       : std::clamp((kTilesPerThread * threads + row_blocks - 1) / row_blocks,
+                                    int64_t{1}, slivers);
+      const int64_t tiles = row_blocks * col_groups;
       for (int64_t pc = 0; pc < n; pc += KC) {
         const int64_t kc = std::min(KC, n - pc);
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < slivers; ++s) pack_b_slivers(b, p, pc, kc, jc, nc, s, b_packed.get());
-        for (int64_t ic = row_begin; ic < row_end; ic += MC) {
-          const int64_t mc = std::min(MC, row_end - ic);
-          pack_a_block(a, n, ic, mc, pc, kc, ap);
-          compute_block(ap, b_packed.get(), mc, nc, kc, sliver_begin, sliver_end,
-                        c + ic * p + jc, p, pc > 0);
+        int64_t packed_block = -1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t block = t / col_groups, group = t % col_groups;
+          const int64_t ic = block * MC, mc = std::min(MC, m - ic);
+          if (block != packed_block) {
+            pack_a_block(a, n, ic, mc, pc, kc, ap);
+            packed_block = block;
+          }
+          compute_block(ap, b_packed.get(), mc, nc, kc, slivers * group / col_groups,
+                        slivers * (group + 1) / col_groups, c + ic * p + jc, p, pc > 0);
         }
-#pragma omp barrier
       }
     }
   }
