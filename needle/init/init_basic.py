@@ -4,7 +4,8 @@ import needle as ndl
 
 
 def _device(device):
-    return ndl.cpu() if device is None else device
+    """Default to the device Tensor(...) uses, so layers and inputs made without one agree."""
+    return ndl.default_device() if device is None else device
 
 
 def rand(*shape, low=0.0, high=1.0, device=None, dtype="float32", requires_grad=False):
