@@ -28,6 +28,11 @@ LATE_SLASH_BPS: constant(uint256) = 1000
 VERIFY_ROUNDS: constant(uint256) = 8
 MAX_TIMEOUT_BLOCKS: constant(uint64) = 100000
 MAX_BATCH_JOBS: constant(uint256) = 256
+MAX_DIM: constant(uint64) = 2**32 - 1
+MAX_FEE: constant(uint256) = 2**88 - 1
+MASK32: constant(uint256) = 2**32 - 1
+MASK40: constant(uint256) = 2**40 - 1
+MASK160: constant(uint256) = 2**160 - 1
 BLOCKHASH_WINDOW: constant(uint256) = 256
 
 
@@ -47,6 +52,18 @@ struct Job:
     fee: uint256
     deadline: uint256
     commitBlock: uint256
+
+
+# A job is stored packed in few slots: on py-evm, storage-trie writes dominate the cost
+# of a transaction, and submitJob writes only meta, params, aId and bId.
+struct StoredJob:
+    meta: uint256    # submitter | status << 160 | deadline << 168 | commitBlock << 208
+    params: uint256  # batch | m << 32 | k << 64 | n << 96 | precision << 128
+                     # | timeoutBlocks << 136 | fee << 168
+    aId: bytes32
+    bId: bytes32
+    worker: address
+    cId: bytes32
 
 
 struct Worker:
@@ -107,7 +124,7 @@ event JobCancelled:
     jobId: indexed(uint256)
 
 
-jobs: HashMap[uint256, Job]
+jobs: HashMap[uint256, StoredJob]
 workers: HashMap[address, Worker]
 jobCount: public(uint256)
 totalEscrow: public(uint256)
@@ -145,13 +162,43 @@ def workerInfo(worker: address) -> (uint256, uint256, uint256):
     return w.stake, w.withdrawBlock, w.activeClaims
 
 
+@internal
+@view
+def _load(jobId: uint256) -> Job:
+    s: StoredJob = self.jobs[jobId]
+    return Job(
+        submitter=convert(convert(s.meta & MASK160, uint160), address),
+        worker=s.worker,
+        status=convert((s.meta >> 160) & 255, uint8),
+        aId=s.aId,
+        bId=s.bId,
+        cId=s.cId,
+        batch=convert(s.params & MASK32, uint64),
+        m=convert((s.params >> 32) & MASK32, uint64),
+        k=convert((s.params >> 64) & MASK32, uint64),
+        n=convert((s.params >> 96) & MASK32, uint64),
+        precision=convert((s.params >> 128) & 255, uint8),
+        timeoutBlocks=convert((s.params >> 136) & MASK32, uint64),
+        fee=s.params >> 168,
+        deadline=(s.meta >> 168) & MASK40,
+        commitBlock=(s.meta >> 208) & MASK40,
+    )
+
+
+@internal
+def _storeMeta(jobId: uint256, j: Job):
+    """Write submitter, status, deadline and commitBlock (one slot)."""
+    self.jobs[jobId].meta = convert(convert(j.submitter, uint160), uint256) \
+        | convert(j.status, uint256) << 160 | j.deadline << 168 | j.commitBlock << 208
+
+
 @external
 @view
 def getJob(jobId: uint256) -> (
     address, address, uint8, bytes32, bytes32, bytes32, uint64, uint64, uint64, uint64,
     uint8, uint256, uint256, uint256
 ):
-    j: Job = self.jobs[jobId]
+    j: Job = self._load(jobId)
     return (
         j.submitter, j.worker, j.status, j.aId, j.bId, j.cId, j.batch, j.m, j.k, j.n,
         j.precision, j.fee, j.deadline, j.commitBlock
@@ -205,15 +252,19 @@ def _submit(
     precision: uint8, timeoutBlocks: uint64, fee: uint256
 ) -> uint256:
     assert batch > 0 and m > 0 and k > 0 and n > 0, "empty shape"
+    assert batch <= MAX_DIM and m <= MAX_DIM and k <= MAX_DIM and n <= MAX_DIM, "dim above 2**32-1"
     assert precision <= 3, "unknown precision class"
     assert timeoutBlocks > 0 and timeoutBlocks <= MAX_TIMEOUT_BLOCKS, "bad timeoutBlocks"
+    assert fee <= MAX_FEE, "fee above 2**88-1"
     jobId: uint256 = self.jobCount
     self.jobCount = jobId + 1
-    self.jobs[jobId] = Job(
-        submitter=msg.sender, worker=empty(address), status=OPEN, aId=aId, bId=bId,
-        cId=empty(bytes32), batch=batch, m=m, k=k, n=n, precision=precision,
-        timeoutBlocks=timeoutBlocks, fee=fee, deadline=0, commitBlock=0
-    )
+    self.jobs[jobId].meta = convert(convert(msg.sender, uint160), uint256) \
+        | convert(OPEN, uint256) << 160
+    self.jobs[jobId].params = convert(batch, uint256) | convert(m, uint256) << 32 \
+        | convert(k, uint256) << 64 | convert(n, uint256) << 96 \
+        | convert(precision, uint256) << 128 | convert(timeoutBlocks, uint256) << 136 | fee << 168
+    self.jobs[jobId].aId = aId
+    self.jobs[jobId].bId = bId
     log JobSubmitted(
         jobId=jobId, submitter=msg.sender, aId=aId, bId=bId, batch=batch, m=m, k=k, n=n,
         precision=precision, fee=fee
@@ -265,35 +316,38 @@ def claimJob(jobId: uint256):
     w: Worker = self.workers[msg.sender]
     assert w.stake >= MIN_STAKE, "worker stake below minStake"
     assert w.withdrawBlock == 0, "worker is withdrawing"
-    j: Job = self.jobs[jobId]
+    j: Job = self._load(jobId)
     assert j.status == OPEN, "job not open"
     deadline: uint256 = block.number + convert(j.timeoutBlocks, uint256)
-    self.jobs[jobId].status = CLAIMED
+    j.status = CLAIMED
+    j.deadline = deadline
+    self._storeMeta(jobId, j)
     self.jobs[jobId].worker = msg.sender
-    self.jobs[jobId].deadline = deadline
     self.workers[msg.sender].activeClaims = w.activeClaims + 1
     log JobClaimed(jobId=jobId, worker=msg.sender, deadline=deadline)
 
 
 @external
 def commitResult(jobId: uint256, cId: bytes32):
-    j: Job = self.jobs[jobId]
+    j: Job = self._load(jobId)
     assert j.status == CLAIMED, "job not claimed"
     assert j.worker == msg.sender, "not the claimant"
     assert block.number <= j.deadline, "deadline passed"
+    j.status = COMMITTED
+    j.commitBlock = block.number
+    self._storeMeta(jobId, j)
     self.jobs[jobId].cId = cId
-    self.jobs[jobId].commitBlock = block.number
-    self.jobs[jobId].status = COMMITTED
     log ResultCommitted(jobId=jobId, worker=msg.sender, cId=cId)
 
 
 @internal
-def _reopen(jobId: uint256):
-    self.jobs[jobId].status = OPEN
+def _reopen(jobId: uint256, j: Job):
+    j.status = OPEN
+    j.deadline = 0
+    j.commitBlock = 0
+    self._storeMeta(jobId, j)
     self.jobs[jobId].worker = empty(address)
     self.jobs[jobId].cId = empty(bytes32)
-    self.jobs[jobId].deadline = 0
-    self.jobs[jobId].commitBlock = 0
     log JobReopened(jobId=jobId)
 
 
@@ -314,7 +368,7 @@ def _slash(worker: address, bps: uint256, submitter: address) -> uint256:
 @external
 def finalize(jobId: uint256):
     """Verify a committed result with the Freivalds precompile; pay or slash."""
-    j: Job = self.jobs[jobId]
+    j: Job = self._load(jobId)
     assert j.status == COMMITTED, "job not committed"
     assert block.number > j.commitBlock, "finalize must wait one block after the commit"
     assert block.number <= j.commitBlock + BLOCKHASH_WINDOW, "commit too old; reopenExpired"
@@ -329,25 +383,27 @@ def finalize(jobId: uint256):
     verdict: uint256 = convert(out, uint256)
     self.workers[j.worker].activeClaims -= 1
     if verdict == VERDICT_PASS:
-        self.jobs[jobId].status = DONE
+        j.status = DONE
+        self._storeMeta(jobId, j)
         self.totalEscrow -= j.fee
         send(j.worker, j.fee)
         log JobVerified(jobId=jobId, worker=j.worker, fee=j.fee, flops=self._flops(j))
     elif verdict == VERDICT_BAD_OPERANDS:
-        self.jobs[jobId].status = CANCELLED
+        j.status = CANCELLED
+        self._storeMeta(jobId, j)
         self.totalEscrow -= j.fee
         send(j.submitter, j.fee)
         log JobCancelled(jobId=jobId)
     else:
         slashed: uint256 = self._slash(j.worker, FAIL_SLASH_BPS, j.submitter)
         log JobFailed(jobId=jobId, worker=j.worker, slashed=slashed)
-        self._reopen(jobId)
+        self._reopen(jobId, j)
 
 
 @external
 def reopenExpired(jobId: uint256):
     """Reopen a claim that missed its deadline (stake cut) or a commit left unfinalised."""
-    j: Job = self.jobs[jobId]
+    j: Job = self._load(jobId)
     if j.status == CLAIMED:
         assert block.number > j.deadline, "deadline not passed"
         slashed: uint256 = self._slash(j.worker, LATE_SLASH_BPS, j.submitter)
@@ -356,15 +412,16 @@ def reopenExpired(jobId: uint256):
         assert j.status == COMMITTED, "job not claimed or committed"
         assert block.number > j.commitBlock + BLOCKHASH_WINDOW, "commit can still be finalized"
     self.workers[j.worker].activeClaims -= 1
-    self._reopen(jobId)
+    self._reopen(jobId, j)
 
 
 @external
 def cancel(jobId: uint256):
-    j: Job = self.jobs[jobId]
+    j: Job = self._load(jobId)
     assert j.submitter == msg.sender, "not the submitter"
     assert j.status == OPEN, "job not open"
-    self.jobs[jobId].status = CANCELLED
+    j.status = CANCELLED
+    self._storeMeta(jobId, j)
     self.totalEscrow -= j.fee
     send(msg.sender, j.fee)
     log JobCancelled(jobId=jobId)

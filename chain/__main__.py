@@ -1,0 +1,3 @@
+from chain.cli import app
+
+app(prog_name="chain")

@@ -1,0 +1,73 @@
+"""`chain` command line: run a node, list the dev accounts, query a node's /info."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from chain.params import CHAIN_ID, DEV_ACCOUNT_BALANCE, DEV_ACCOUNT_COUNT, MARKET_ADDRESS
+
+app = typer.Typer(help="needle-net proof-of-useful-work chain (py-evm).", no_args_is_help=True)
+
+
+@app.command()
+def up(
+    data_dir: Annotated[Path, typer.Option(help="Chain database and blob store.")] = Path(
+        "chain-data"),
+    host: Annotated[str, typer.Option(help="Interface for JSON-RPC and blobs.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 8545,
+    block_time: Annotated[float, typer.Option(
+        help="Seal a block at least this often (s); 0: never seal empty blocks.")] = 1.0,
+    seal_on_pending: Annotated[bool, typer.Option(
+        help="Seal as soon as transactions are pending.")] = True,
+    max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.")] = 256,
+    log_level: Annotated[str, typer.Option(help="Python/uvicorn log level.")] = "warning",
+) -> None:
+    """Start a node: JSON-RPC at http://HOST:PORT/, blobs at /blobs, node info at /info."""
+    import uvicorn
+    from eth_utils import to_checksum_address
+
+    from chain.node import Node, NodeConfig
+    from chain.rpc import create_app
+
+    logging.basicConfig(level=log_level.upper())
+    node = Node(NodeConfig(data_dir=data_dir, block_time=block_time,
+                           seal_on_pending=seal_on_pending, max_blob_bytes=max_blob_mb * 2**20))
+    typer.echo(f"chain id {CHAIN_ID}, head #{node.head().block_number}, data dir {data_dir}")
+    typer.echo(f"market contract {to_checksum_address(MARKET_ADDRESS)}")
+    typer.echo(f"JSON-RPC http://{host}:{port}/  blobs http://{host}:{port}/blobs")
+    node.start()
+    try:
+        uvicorn.run(create_app(node), host=host, port=port, log_level=log_level)
+    finally:
+        node.stop()
+
+
+@app.command()
+def accounts(
+    count: Annotated[int, typer.Option(help="How many to list.")] = DEV_ACCOUNT_COUNT,
+    keys: Annotated[bool, typer.Option(help="Also print private keys.")] = False,
+) -> None:
+    """Dev accounts from the public test mnemonic (local dev network only)."""
+    from chain.devnet import DEV_MNEMONIC, dev_accounts
+
+    typer.echo(f"mnemonic (PUBLIC, dev network only): {DEV_MNEMONIC}")
+    for i, account in enumerate(dev_accounts(count)):
+        funded = DEV_ACCOUNT_BALANCE // 10**18 if i < DEV_ACCOUNT_COUNT else 0
+        line = f"{i:3d} {account.address} {funded} ETH"
+        typer.echo(line + (f" {account.key.hex()}" if keys else ""))
+
+
+@app.command()
+def info(
+    url: Annotated[str, typer.Option(help="Node URL.")] = "http://127.0.0.1:8545",
+) -> None:
+    """Print a running node's /info (chain id, contract address, blob URL...)."""
+    import httpx
+
+    data = httpx.get(f"{url.rstrip('/')}/info", timeout=10).raise_for_status().json()
+    data.pop("abi")
+    typer.echo(json.dumps(data, indent=2))

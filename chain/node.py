@@ -1,0 +1,274 @@
+"""The chain node: admits signed transactions to a mempool and seals blocks.
+
+One lock guards the py-evm chain. A producer thread seals a block as soon as
+transactions are pending (``seal_on_pending``) and at least every ``block_time``
+seconds; each sealed block is flushed to sqlite in one transaction.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eth.abc import SignedTransactionAPI
+from eth.chains.base import Chain
+from eth.db.atomic import AtomicDB
+from eth.db.chain import ChainDB
+from eth.exceptions import CanonicalHeadNotFound
+from eth.vm.forks.prague.transactions import PragueTransactionBuilder
+from eth_utils import ValidationError
+
+from chain.blobs import BlobStore
+from chain.consensus import verified_work, work_seal
+from chain.db import SqliteDB
+from chain.genesis import genesis_params, genesis_state
+from chain.params import CHAIN_ID, REWARD_POOL_ADDRESS
+from chain.vm import build_chain_class
+
+log = logging.getLogger(__name__)
+
+MAX_FUTURE_NONCES = 1024
+BLOB_TX_TYPE = 3
+
+
+class TxRejected(ValueError):
+    """A transaction refused at admission; the message says why."""
+
+
+@dataclass
+class NodeConfig:
+    data_dir: Path
+    block_time: float = 1.0
+    seal_on_pending: bool = True
+    max_block_txs: int = 5000
+    max_blob_bytes: int = 256 * 2**20
+
+
+@dataclass
+class Mempool:
+    """Pending transactions by sender and nonce, in arrival order of senders."""
+
+    by_sender: dict[bytes, dict[int, SignedTransactionAPI]] = field(default_factory=dict)
+    by_hash: dict[bytes, SignedTransactionAPI] = field(default_factory=dict)
+
+    def add(self, tx: SignedTransactionAPI) -> None:
+        self.by_sender.setdefault(tx.sender, {})[tx.nonce] = tx
+        self.by_hash[tx.hash] = tx
+
+    def remove(self, tx: SignedTransactionAPI) -> None:
+        self.by_hash.pop(tx.hash, None)
+        pending = self.by_sender.get(tx.sender)
+        if pending is not None:
+            pending.pop(tx.nonce, None)
+            if not pending:
+                del self.by_sender[tx.sender]
+
+    def __len__(self) -> int:
+        return len(self.by_hash)
+
+
+class Node:
+    """A single block-producing node over a data directory."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes)
+        self.db = SqliteDB(config.data_dir / "chain.sqlite")
+        chain_class = build_chain_class(self.blobs)
+        base_db = AtomicDB(self.db)
+        try:
+            ChainDB(base_db).get_canonical_head()
+            self.chain: Chain = chain_class(base_db)
+        except CanonicalHeadNotFound:
+            self.chain = chain_class.from_genesis(base_db, genesis_params(), genesis_state())
+            self.db.flush()
+        self.lock = threading.RLock()
+        self.mempool = Mempool()
+        self.dropped: dict[bytes, str] = {}
+        self._wake = threading.Condition(self.lock)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.on_block: list = []
+        self._view = None
+        self._head = self.chain.get_canonical_head()
+
+    # --- state ---------------------------------------------------------------------------------
+    def head(self):
+        return self._head
+
+    def _admission_view(self):
+        """(head, state, next base fee), rebuilt once per head: admission reads it many times."""
+        head = self.head()
+        if self._view is None or self._view[0] is not head:
+            base_fee = self.chain.create_header_from_parent(head).base_fee_per_gas
+            self._view = (head, self.state_at(head), base_fee)
+        return self._view
+
+    def state_at(self, header=None):
+        return self.chain.get_vm(header or self.head()).state
+
+    def pending_nonce(self, address: bytes) -> int:
+        with self.lock:
+            nonce = self._admission_view()[1].get_nonce(address)
+            pending = self.mempool.by_sender.get(address, {})
+            while nonce in pending:
+                nonce += 1
+            return nonce
+
+    def next_base_fee(self) -> int:
+        with self.lock:
+            return self._admission_view()[2]
+
+    # --- admission -----------------------------------------------------------------------------
+    def decode_transaction(self, raw: bytes) -> SignedTransactionAPI:
+        try:
+            tx = PragueTransactionBuilder.decode(raw)
+        except Exception as exc:
+            raise TxRejected(f"transaction could not be decoded: {exc}") from exc
+        if tx.type_id == BLOB_TX_TYPE:
+            raise TxRejected("blob transactions (type 3) are not supported")
+        try:
+            tx.validate()
+        except ValidationError as exc:
+            raise TxRejected(f"invalid transaction: {exc}") from exc
+        if tx.chain_id is None:
+            raise TxRejected("transaction is not replay-protected (EIP-155 chain id required)")
+        if tx.chain_id != CHAIN_ID:
+            raise TxRejected(f"invalid chain id {tx.chain_id}; this chain is {CHAIN_ID}")
+        try:
+            tx.sender  # noqa: B018  (recovers and caches the signer)
+        except Exception as exc:
+            raise TxRejected(f"invalid signature: {exc}") from exc
+        return tx
+
+    def admit(self, raw: bytes) -> bytes:
+        """Validate a signed raw transaction against the head state and queue it."""
+        tx = self.decode_transaction(raw)
+        with self.lock:
+            if tx.hash in self.mempool.by_hash:
+                raise TxRejected(f"already known: transaction 0x{tx.hash.hex()} is pending")
+            head, state, base_fee = self._admission_view()
+            nonce = state.get_nonce(tx.sender)
+            if tx.nonce < nonce:
+                raise TxRejected(f"nonce too low: next nonce of 0x{tx.sender.hex()} is {nonce}, "
+                                 f"transaction has {tx.nonce}")
+            if tx.nonce > nonce + MAX_FUTURE_NONCES:
+                raise TxRejected(f"nonce too high: next nonce is {nonce}, "
+                                 f"transaction has {tx.nonce}")
+            pending = self.mempool.by_sender.get(tx.sender, {})
+            if tx.nonce in pending:
+                raise TxRejected(f"nonce {tx.nonce} already used by a pending transaction "
+                                 "(replacement is not supported)")
+            if tx.gas > head.gas_limit:
+                raise TxRejected(f"gas {tx.gas} exceeds the block gas limit {head.gas_limit}")
+            if tx.gas < tx.intrinsic_gas:
+                raise TxRejected(f"intrinsic gas too low: {tx.gas} < {tx.intrinsic_gas}")
+            if tx.max_fee_per_gas < base_fee:
+                raise TxRejected(f"max fee per gas {tx.max_fee_per_gas} is below the base fee "
+                                 f"{base_fee}")
+            committed = sum(p.gas * p.max_fee_per_gas + p.value for p in pending.values())
+            cost = tx.gas * tx.max_fee_per_gas + tx.value
+            balance = state.get_balance(tx.sender)
+            if balance < committed + cost:
+                raise TxRejected(f"insufficient funds: balance {balance} (with {committed} "
+                                 f"committed to pending transactions) < cost {cost}")
+            self.mempool.add(tx)
+            if self.config.seal_on_pending:
+                self._wake.notify()
+        return tx.hash
+
+    # --- block production ----------------------------------------------------------------------
+    def _select(self, head_state) -> list[SignedTransactionAPI]:
+        """Pending transactions with consecutive nonces, senders in arrival order."""
+        selected = []
+        for sender, pending in list(self.mempool.by_sender.items()):
+            nonce = head_state.get_nonce(sender)
+            for stale in [n for n in pending if n < nonce]:
+                self.mempool.remove(pending[stale])
+            while nonce in pending and len(selected) < self.config.max_block_txs:
+                selected.append(pending[nonce])
+                nonce += 1
+        return selected
+
+    def seal(self) -> object:
+        """Build, validate, persist and flush one block from the pending transactions."""
+        with self.lock:
+            parent = self.head()
+            timestamp = max(int(time.time()), parent.timestamp + 1)
+            header = self.chain.create_header_from_parent(
+                parent, coinbase=REWARD_POOL_ADDRESS, timestamp=timestamp,
+                gas_limit=parent.gas_limit,
+            )
+            vm = self.chain.get_vm(header)
+            candidates = self._select(vm.state)
+            vm.block_preprocessing(vm.get_block())
+            header = vm.get_header()
+            included, receipts = [], []
+            for tx in candidates:
+                if header.gas_used + tx.gas > header.gas_limit:
+                    break
+                snapshot = vm.state.snapshot()
+                try:
+                    receipt, _ = vm.apply_transaction(header, tx)
+                except ValidationError as exc:
+                    vm.state.revert(snapshot)
+                    self.mempool.remove(tx)
+                    self.dropped[tx.hash] = str(exc)
+                    log.warning("dropped tx 0x%s: %s", tx.hash.hex(), exc)
+                    continue
+                header = vm.add_receipt_to_header(header, receipt)
+                included.append(tx)
+                receipts.append(receipt)
+            block = vm.set_block_transactions_and_withdrawals(
+                vm.get_block(), header, included, receipts
+            )
+            block = vm.block_postprocessing(block)
+            try:
+                sealed = vm.mine_block(block, extra_data=work_seal(verified_work(receipts))).block
+                self.chain.persist_block(sealed)
+                self.db.flush()
+                self._head = sealed.header
+            except BaseException:
+                self.db.discard()
+                raise
+            for tx in included:
+                self.mempool.remove(tx)
+        for callback in self.on_block:
+            callback(sealed, receipts)
+        return sealed
+
+    def _produce(self) -> None:
+        last = time.monotonic()
+        while True:
+            with self.lock:
+                while not self._stop:
+                    due = self.config.block_time > 0 and time.monotonic() - last >= \
+                        self.config.block_time
+                    if due or (self.config.seal_on_pending and len(self.mempool)):
+                        break
+                    timeout = self.config.block_time - (time.monotonic() - last) \
+                        if self.config.block_time > 0 else None
+                    self._wake.wait(timeout)
+                if self._stop:
+                    return
+            try:
+                self.seal()
+            except Exception:
+                log.exception("sealing a block failed")
+                time.sleep(0.1)
+            last = time.monotonic()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._produce, name="block-producer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.db.close()

@@ -1,0 +1,101 @@
+"""The Freivalds precompile: verify a committed matmul result against its operands.
+
+Input is the ABI encoding of (aId, bId, cId, batch, m, k, n, precision, rounds, seed);
+output is one 32-byte word, the verdict. Gas is charged from the declared shapes
+before any blob is read, so the cost is known in advance and O(rounds * n^2):
+
+    gas = PRECOMPILE_BASE_GAS + PRECOMPILE_ELEMENT_GAS * (1 + rounds) * batch * (mk + kn + mn)
+
+Every failure is a verdict, never an exception: a node must not halt because a
+blob is missing or malformed.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+from eth.abc import ComputationAPI
+from eth_abi import decode
+
+from chain.blobs import BlobStore, decode_array
+from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
+
+log = logging.getLogger(__name__)
+
+FAIL, PASS, BAD_OPERANDS = 0, 1, 2
+PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
+INPUT_TYPES = ["bytes32", "bytes32", "bytes32", "uint64", "uint64", "uint64", "uint64",
+               "uint8", "uint256", "bytes32"]
+MAX_ROUNDS = 64
+
+
+def check_gas(batch: int, m: int, k: int, n: int, rounds: int) -> int:
+    """Gas for one check, from the declared shapes (documented in docs/protocol.md)."""
+    elements = batch * (m * k + k * n + m * n)
+    return PRECOMPILE_BASE_GAS + PRECOMPILE_ELEMENT_GAS * (1 + rounds) * elements
+
+
+def _operand(store: BlobStore, id_: bytes, shapes: list[tuple], exact: bool) -> np.ndarray | None:
+    """Load a blob and check it has one of the allowed shapes and a dtype fit for the class."""
+    data = store.get(id_)
+    if data is None:
+        return None
+    try:
+        array = decode_array(data)
+    except ValueError:
+        return None
+    if array.shape not in shapes:
+        return None
+    if exact != np.issubdtype(array.dtype, np.integer):
+        return None
+    if not exact and not np.isfinite(array).all():
+        return None
+    return array
+
+
+def verdict(store: BlobStore, a_id: bytes, b_id: bytes, c_id: bytes, batch: int, m: int, k: int,
+            n: int, precision: int, rounds: int, seed: bytes) -> int:
+    """PASS if C = A @ B for every product in the batch, by Freivalds with this seed."""
+    from verifier import verify
+
+    exact = precision == 0
+    single = [(batch, m, k)] + ([(m, k)] if batch == 1 else [])
+    a = _operand(store, a_id, single, exact)
+    b = _operand(store, b_id, [(batch, k, n), (k, n)], exact)
+    if a is None or b is None:
+        return BAD_OPERANDS
+    c = _operand(store, c_id, [(batch, m, n)] + ([(m, n)] if batch == 1 else []), exact)
+    if c is None:
+        return FAIL
+    result = verify(a, b, c, precision=PRECISIONS[precision], rounds=rounds, seed=seed)
+    return PASS if result.passed else FAIL
+
+
+def make_freivalds_precompile(store: BlobStore) -> Callable[[ComputationAPI], ComputationAPI]:
+    """The precompile bound to this node's blob store."""
+
+    def freivalds(computation: ComputationAPI) -> ComputationAPI:
+        computation.consume_gas(PRECOMPILE_BASE_GAS, reason="Freivalds base")
+        try:
+            a_id, b_id, c_id, batch, m, k, n, precision, rounds, seed = decode(
+                INPUT_TYPES, computation.msg.data_as_bytes
+            )
+        except Exception:
+            computation.output = FAIL.to_bytes(32, "big")
+            return computation
+        if precision not in PRECISIONS or not 1 <= rounds <= MAX_ROUNDS:
+            computation.output = FAIL.to_bytes(32, "big")
+            return computation
+        computation.consume_gas(
+            check_gas(batch, m, k, n, rounds) - PRECOMPILE_BASE_GAS, reason="Freivalds check"
+        )
+        try:
+            result = verdict(store, a_id, b_id, c_id, batch, m, k, n, precision, rounds, seed)
+        except Exception:
+            log.exception("Freivalds check raised; counted as a failed verification")
+            result = FAIL
+        computation.output = result.to_bytes(32, "big")
+        return computation
+
+    return freivalds

@@ -1,0 +1,564 @@
+"""Ethereum JSON-RPC over HTTP (POST / and /rpc), blob endpoints and /info, as one ASGI app."""
+from __future__ import annotations
+
+import itertools
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+
+from eth.exceptions import Revert, TransactionNotFound
+from eth.vm.spoof import SpoofTransaction
+from eth_abi import decode as abi_decode
+from eth_utils import to_checksum_address
+from fastapi import FastAPI, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from chain.blobs import blob_id, decode_array, parse_id
+from chain.compile import compiled_market
+from chain.node import Node, TxRejected
+from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POOL_ADDRESS
+
+CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
+PRIORITY_FEE = 10**9
+REVERT_SELECTOR = bytes.fromhex("08c379a0")
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+def invalid_params(message: str) -> RpcError:
+    return RpcError(-32602, f"invalid params: {message}")
+
+
+def q(value: int) -> str:
+    return hex(value)
+
+
+def d(value: bytes) -> str:
+    return "0x" + bytes(value).hex()
+
+
+def addr(value: bytes | None) -> str | None:
+    return to_checksum_address(value) if value else None
+
+
+def parse_quantity(value, name: str) -> int:
+    try:
+        return int(value, 16) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError) as exc:
+        raise invalid_params(f"{name} must be a hex quantity, got {value!r}") from exc
+
+
+def parse_data(value, name: str) -> bytes:
+    if not isinstance(value, str) or not value.startswith("0x"):
+        raise invalid_params(f"{name} must be 0x-prefixed hex data")
+    try:
+        return bytes.fromhex(value[2:])
+    except ValueError as exc:
+        raise invalid_params(f"{name} is not valid hex") from exc
+
+
+def parse_address(value, name: str = "address") -> bytes:
+    raw = parse_data(value, name)
+    if len(raw) != 20:
+        raise invalid_params(f"{name} must be 20 bytes")
+    return raw
+
+
+def revert_error(output: bytes) -> RpcError:
+    reason = ""
+    if output[:4] == REVERT_SELECTOR:
+        try:
+            reason = ": " + abi_decode(["string"], output[4:])[0]
+        except Exception:
+            reason = ""
+    return RpcError(3, f"execution reverted{reason}", d(output))
+
+
+class BlockCache:
+    """Blocks with their receipts and JSON logs, by number; most recent ones kept."""
+
+    def __init__(self, node: Node, size: int = 2048) -> None:
+        self.node, self.size = node, size
+        self.entries: OrderedDict[int, tuple] = OrderedDict()
+
+    def get(self, number: int) -> tuple:
+        entry = self.entries.get(number)
+        if entry is None or entry[0].hash != self.node.chain.get_canonical_block_hash(number):
+            block = self.node.chain.get_canonical_block_by_number(number)
+            receipts = block.get_receipts(self.node.chain.chaindb)
+            entry = (block, receipts, self._logs(block, receipts))
+            self.entries[number] = entry
+            if len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return entry
+
+    @staticmethod
+    def _logs(block, receipts) -> list[dict]:
+        logs, counter = [], itertools.count()
+        for index, (tx, receipt) in enumerate(zip(block.transactions, receipts, strict=True)):
+            for entry in receipt.logs:
+                logs.append({
+                    "address": addr(entry.address),
+                    "topics": [d(t.to_bytes(32, "big")) for t in entry.topics],
+                    "data": d(entry.data),
+                    "blockNumber": q(block.number),
+                    "blockHash": d(block.hash),
+                    "transactionHash": d(tx.hash),
+                    "transactionIndex": q(index),
+                    "logIndex": q(next(counter)),
+                    "removed": False,
+                })
+        return logs
+
+
+class Rpc:
+    """The JSON-RPC method table over one node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.blocks = BlockCache(node)
+        self.filters: dict[str, dict] = {}
+        self.filter_ids = itertools.count(1)
+        self.methods: dict[str, Callable] = {
+            name[4:].replace("__", "_"): getattr(self, name)
+            for name in dir(self) if name.startswith("rpc_")
+        }
+
+    # --- dispatch ------------------------------------------------------------------------------
+    def handle(self, payload) -> dict | list | None:
+        if isinstance(payload, list):
+            if not payload:
+                return self._error(None, RpcError(-32600, "invalid request: empty batch"))
+            replies = [self._one(item) for item in payload]
+            return [r for r in replies if r is not None]
+        return self._one(payload)
+
+    def _one(self, request) -> dict | None:
+        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+            return self._error(None, RpcError(-32600, "invalid request: expected an object "
+                                                      "with a method"))
+        rid = request.get("id")
+        params = request.get("params", [])
+        if not isinstance(params, list):
+            return self._error(rid, invalid_params("params must be an array"))
+        method = self.methods.get(request["method"])
+        if method is None:
+            return self._error(rid, RpcError(-32601, f"method {request['method']} not found"))
+        try:
+            with self.node.lock:
+                result = method(*params)
+        except RpcError as exc:
+            return self._error(rid, exc)
+        except TypeError as exc:
+            return self._error(rid, invalid_params(str(exc)))
+        except TxRejected as exc:
+            return self._error(rid, RpcError(-32000, str(exc)))
+        except Exception as exc:  # a bug must not kill the server: report it to the caller
+            return self._error(rid, RpcError(-32603, f"internal error: {exc!r}"))
+        if "id" not in request:
+            return None
+        return {"jsonrpc": "2.0", "id": rid, "result": result}
+
+    @staticmethod
+    def _error(rid, exc: RpcError) -> dict:
+        error = {"code": exc.code, "message": exc.message}
+        if exc.data is not None:
+            error["data"] = exc.data
+        return {"jsonrpc": "2.0", "id": rid, "error": error}
+
+    # --- helpers -------------------------------------------------------------------------------
+    def header_at(self, tag="latest"):
+        chain = self.node.chain
+        if isinstance(tag, dict):
+            if "blockHash" in tag:
+                return chain.get_block_header_by_hash(parse_data(tag["blockHash"], "blockHash"))
+            tag = tag.get("blockNumber", "latest")
+        if tag in ("latest", "pending", "safe", "finalized", None):
+            return self.node.head()
+        if tag == "earliest":
+            return chain.get_canonical_block_header_by_number(0)
+        number = parse_quantity(tag, "block")
+        if number > self.node.head().block_number:
+            raise RpcError(-32000, f"block {number} not found (head is "
+                                   f"{self.node.head().block_number})")
+        return chain.get_canonical_block_header_by_number(number)
+
+    def _spoof(self, call: dict, state, gas_cap: int):
+        if not isinstance(call, dict):
+            raise invalid_params("call must be an object")
+        sender = parse_address(call["from"], "from") if call.get("from") else b"\x00" * 20
+        to = parse_address(call["to"], "to") if call.get("to") else b""
+        data = parse_data(call.get("data", call.get("input", "0x")), "data")
+        gas = parse_quantity(call["gas"], "gas") if call.get("gas") else gas_cap
+        value = parse_quantity(call.get("value", "0x0"), "value")
+        vm = self.node.chain.get_vm(self.node.head())
+        tx = vm.create_unsigned_transaction(
+            nonce=state.get_nonce(sender), gas_price=0, gas=min(gas, gas_cap), to=to,
+            value=value, data=data,
+        )
+        return SpoofTransaction(tx, from_=sender)
+
+    def _execute(self, call: dict, tag):
+        """Run a call in the context of the block after ``tag`` (costless, discarded)."""
+        header = self.header_at(tag)
+        with self.node.chain.get_vm(header).in_costless_state() as state:
+            tx = self._spoof(call, state, header.gas_limit)
+            computation = state.costless_execute_transaction(tx)
+        if computation.is_error:
+            if isinstance(computation.error, Revert):
+                raise revert_error(computation.output)
+            raise RpcError(-32000, f"execution failed: {computation.error!r}")
+        return tx, computation
+
+    def _block_json(self, block, full: bool) -> dict:
+        h = block.header
+        txs = [self._tx_json(tx, block, i) if full else d(tx.hash)
+               for i, tx in enumerate(block.transactions)]
+        return {
+            "number": q(h.block_number), "hash": d(h.hash), "parentHash": d(h.parent_hash),
+            "nonce": d(h.nonce), "sha3Uncles": d(h.uncles_hash),
+            "logsBloom": d(h.bloom.to_bytes(256, "big")), "transactionsRoot": d(h.transaction_root),
+            "stateRoot": d(h.state_root), "receiptsRoot": d(h.receipt_root),
+            "miner": addr(h.coinbase), "difficulty": q(h.difficulty), "totalDifficulty": q(0),
+            "extraData": d(h.extra_data), "size": q(len(block.encode()) if full else 0),
+            "gasLimit": q(h.gas_limit), "gasUsed": q(h.gas_used), "timestamp": q(h.timestamp),
+            "transactions": txs, "uncles": [], "baseFeePerGas": q(h.base_fee_per_gas),
+            "mixHash": d(h.mix_hash), "withdrawals": [], "withdrawalsRoot": d(h.withdrawals_root),
+            "blobGasUsed": q(h.blob_gas_used), "excessBlobGas": q(h.excess_blob_gas),
+            "parentBeaconBlockRoot": d(h.parent_beacon_block_root),
+            "requestsHash": d(h.requests_hash),
+        }
+
+    @staticmethod
+    def _tx_json(tx, block=None, index: int | None = None) -> dict:
+        base_fee = block.header.base_fee_per_gas if block is not None else None
+        out = {
+            "hash": d(tx.hash), "nonce": q(tx.nonce), "from": addr(tx.sender),
+            "to": addr(tx.to) if tx.to else None, "value": q(tx.value), "gas": q(tx.gas),
+            "input": d(tx.data), "type": q(tx.type_id or 0), "chainId": q(tx.chain_id),
+            "v": q(tx.y_parity if tx.type_id else tx.v), "r": q(tx.r), "s": q(tx.s),
+            "blockHash": d(block.hash) if block is not None else None,
+            "blockNumber": q(block.number) if block is not None else None,
+            "transactionIndex": q(index) if index is not None else None,
+        }
+        if tx.type_id:
+            out.update(
+                maxFeePerGas=q(tx.max_fee_per_gas), yParity=q(tx.y_parity),
+                maxPriorityFeePerGas=q(tx.max_priority_fee_per_gas),
+                accessList=[{"address": addr(a), "storageKeys": [d(k.to_bytes(32, "big"))
+                                                                 for k in keys]}
+                            for a, keys in tx.access_list],
+            )
+        price = tx.gas_price if not tx.type_id else tx.max_fee_per_gas
+        if base_fee is not None and tx.type_id:
+            price = min(tx.max_fee_per_gas, base_fee + tx.max_priority_fee_per_gas)
+        out["gasPrice"] = q(price)
+        return out
+
+    def _locate(self, tx_hash: bytes):
+        try:
+            number, index = self.node.chain.chaindb.get_transaction_index(tx_hash)
+        except TransactionNotFound:
+            return None
+        return self.blocks.get(number), index
+
+    def _matching_logs(self, criteria: dict, first: int, last: int) -> list[dict]:
+        addresses = criteria.get("address")
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        wanted = {a.lower() for a in addresses} if addresses else None
+        topics = criteria.get("topics") or []
+        topic_sets = [None if t is None else {x.lower() for x in ([t] if isinstance(t, str) else t)}
+                      for t in topics]
+        out = []
+        for number in range(first, last + 1):
+            for entry in self.blocks.get(number)[2]:
+                if wanted is not None and entry["address"].lower() not in wanted:
+                    continue
+                if len(entry["topics"]) < len(topic_sets):
+                    continue
+                if all(s is None or entry["topics"][i] in s for i, s in enumerate(topic_sets)):
+                    out.append(entry)
+        return out
+
+    def _log_range(self, criteria: dict) -> tuple[int, int]:
+        if criteria.get("blockHash"):
+            header = self.header_at({"blockHash": criteria["blockHash"]})
+            return header.block_number, header.block_number
+        first = self.header_at(criteria.get("fromBlock", "latest")).block_number
+        last = self.header_at(criteria.get("toBlock", "latest")).block_number
+        if last - first > 10_000:
+            raise RpcError(-32005, "query spans more than 10000 blocks; narrow the range")
+        return first, last
+
+    # --- methods -------------------------------------------------------------------------------
+    def rpc_web3__clientVersion(self):
+        return CLIENT_VERSION
+
+    def rpc_net__version(self):
+        return str(CHAIN_ID)
+
+    def rpc_net__listening(self):
+        return True
+
+    def rpc_eth__chainId(self):
+        return q(CHAIN_ID)
+
+    def rpc_eth__syncing(self):
+        return False
+
+    def rpc_eth__accounts(self):
+        return []
+
+    def rpc_eth__blockNumber(self):
+        return q(self.node.head().block_number)
+
+    def rpc_eth__getBalance(self, address, tag="latest"):
+        return q(self.node.state_at(self.header_at(tag)).get_balance(parse_address(address)))
+
+    def rpc_eth__getTransactionCount(self, address, tag="latest"):
+        account = parse_address(address)
+        if tag == "pending":
+            return q(self.node.pending_nonce(account))
+        return q(self.node.state_at(self.header_at(tag)).get_nonce(account))
+
+    def rpc_eth__getCode(self, address, tag="latest"):
+        return d(self.node.state_at(self.header_at(tag)).get_code(parse_address(address)))
+
+    def rpc_eth__getStorageAt(self, address, slot, tag="latest"):
+        value = self.node.state_at(self.header_at(tag)).get_storage(
+            parse_address(address), parse_quantity(slot, "slot"))
+        return d(value.to_bytes(32, "big"))
+
+    def rpc_eth__call(self, call, tag="latest", *_overrides):
+        return d(self._execute(call, tag)[1].output)
+
+    def rpc_eth__estimateGas(self, call, tag="latest", *_overrides):
+        header = self.header_at(tag)
+        tx, computation = self._execute({**call, "gas": None}, tag)
+        used = tx.gas - computation.get_gas_remaining()
+        # a call forwards at most 63/64 of its gas: leave room for the callee's share
+        return q(min(header.gas_limit, used + used // 63 + 2_300))
+
+    def rpc_eth__gasPrice(self):
+        return q(self.node.next_base_fee() + PRIORITY_FEE)
+
+    def rpc_eth__maxPriorityFeePerGas(self):
+        return q(PRIORITY_FEE)
+
+    def rpc_eth__feeHistory(self, count, newest="latest", percentiles=None):
+        count = min(parse_quantity(count, "blockCount"), 1024)
+        last = self.header_at(newest).block_number
+        first = max(0, last - count + 1)
+        base_fees, ratios, rewards = [], [], []
+        for number in range(first, last + 1):
+            block = self.blocks.get(number)[0]
+            base_fees.append(q(block.header.base_fee_per_gas))
+            ratios.append(block.header.gas_used / block.header.gas_limit)
+            tips = sorted(min(tx.max_priority_fee_per_gas,
+                              tx.max_fee_per_gas - block.header.base_fee_per_gas)
+                          for tx in block.transactions)
+            rewards.append([q(tips[min(len(tips) - 1, int(len(tips) * p / 100))] if tips else 0)
+                            for p in (percentiles or [])])
+        base_fees.append(q(self.node.next_base_fee() if last == self.node.head().block_number
+                           else self.blocks.get(last + 1)[0].header.base_fee_per_gas))
+        result = {"oldestBlock": q(first), "baseFeePerGas": base_fees, "gasUsedRatio": ratios}
+        if percentiles:
+            result["reward"] = rewards
+        return result
+
+    def rpc_eth__sendRawTransaction(self, raw):
+        return d(self.node.admit(parse_data(raw, "transaction")))
+
+    def rpc_eth__getTransactionByHash(self, tx_hash):
+        tx_hash = parse_data(tx_hash, "hash")
+        pending = self.node.mempool.by_hash.get(tx_hash)
+        if pending is not None:
+            return self._tx_json(pending)
+        found = self._locate(tx_hash)
+        if found is None:
+            return None
+        (block, _, _), index = found
+        return self._tx_json(block.transactions[index], block, index)
+
+    def rpc_eth__getTransactionReceipt(self, tx_hash):
+        found = self._locate(parse_data(tx_hash, "hash"))
+        if found is None:
+            return None
+        (block, receipts, logs), index = found
+        tx, receipt = block.transactions[index], receipts[index]
+        previous = receipts[index - 1].gas_used if index else 0
+        tx_json = self._tx_json(tx, block, index)
+        return {
+            "transactionHash": d(tx.hash), "transactionIndex": q(index),
+            "blockHash": d(block.hash), "blockNumber": q(block.number),
+            "from": tx_json["from"], "to": tx_json["to"],
+            "cumulativeGasUsed": q(receipt.gas_used), "gasUsed": q(receipt.gas_used - previous),
+            "effectiveGasPrice": tx_json["gasPrice"],
+            "contractAddress": None if tx.to else addr(
+                _contract_address(tx.sender, tx.nonce)),
+            "logs": [entry for entry in logs if entry["transactionHash"] == d(tx.hash)],
+            "logsBloom": d(receipt.bloom.to_bytes(256, "big")),
+            "status": q(receipt.state_root == b"\x01"), "type": q(tx.type_id or 0),
+        }
+
+    def rpc_eth__getBlockByNumber(self, tag, full=False):
+        try:
+            number = self.header_at(tag).block_number
+        except RpcError:
+            return None
+        return self._block_json(self.blocks.get(number)[0], bool(full))
+
+    def rpc_eth__getBlockByHash(self, block_hash, full=False):
+        try:
+            header = self.header_at({"blockHash": block_hash})
+        except Exception:
+            return None
+        if self.node.chain.get_canonical_block_hash(header.block_number) != header.hash:
+            return None
+        return self._block_json(self.blocks.get(header.block_number)[0], bool(full))
+
+    def rpc_eth__getLogs(self, criteria):
+        return self._matching_logs(criteria, *self._log_range(criteria))
+
+    def rpc_eth__newFilter(self, criteria):
+        if not isinstance(criteria, dict):
+            raise invalid_params("filter must be an object")
+        first, _ = self._log_range({**criteria, "toBlock": "latest"})
+        fid = q(next(self.filter_ids))
+        self.filters[fid] = {"kind": "logs", "criteria": criteria, "next": first}
+        return fid
+
+    def rpc_eth__newBlockFilter(self):
+        fid = q(next(self.filter_ids))
+        self.filters[fid] = {"kind": "blocks", "next": self.node.head().block_number + 1}
+        return fid
+
+    def rpc_eth__getFilterChanges(self, fid):
+        f = self.filters.get(fid)
+        if f is None:
+            raise RpcError(-32000, f"filter {fid} not found")
+        head = self.node.head().block_number
+        first, f["next"] = f["next"], head + 1
+        if f["kind"] == "blocks":
+            return [d(self.node.chain.get_canonical_block_hash(n)) for n in range(first, head + 1)]
+        last = head
+        if f["criteria"].get("toBlock") not in (None, "latest", "pending"):
+            last = min(head, parse_quantity(f["criteria"]["toBlock"], "toBlock"))
+        return self._matching_logs(f["criteria"], first, last)
+
+    def rpc_eth__getFilterLogs(self, fid):
+        f = self.filters.get(fid)
+        if f is None or f["kind"] != "logs":
+            raise RpcError(-32000, f"filter {fid} not found")
+        return self.rpc_eth__getLogs(f["criteria"])
+
+    def rpc_eth__uninstallFilter(self, fid):
+        return self.filters.pop(fid, None) is not None
+
+
+def _contract_address(sender: bytes, nonce: int) -> bytes:
+    from eth._utils.address import generate_contract_address
+
+    return generate_contract_address(sender, nonce)
+
+
+def create_app(node: Node, public_url: str = "") -> FastAPI:
+    """The HTTP face of a node: JSON-RPC, blobs and /info."""
+    rpc = Rpc(node)
+    app = FastAPI(title="needle-net chain node")
+    market = compiled_market()
+
+    async def json_rpc(request: Request) -> Response:
+        try:
+            payload = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse(Rpc._error(None, RpcError(-32700, "parse error: body is not JSON")))
+        reply = await run_in_threadpool(rpc.handle, payload)
+        return JSONResponse(reply) if reply is not None else Response(status_code=204)
+
+    app.add_api_route("/", json_rpc, methods=["POST"])
+    app.add_api_route("/rpc", json_rpc, methods=["POST"])
+
+    @app.get("/info")
+    def info(request: Request) -> dict:
+        base = public_url or str(request.base_url).rstrip("/")
+        return {
+            "chain_id": CHAIN_ID,
+            "contract": to_checksum_address(MARKET_ADDRESS),
+            "abi": market["abi"],
+            "abi_path": market["path"],
+            "blob_url": f"{base}/blobs",
+            "rpc_url": base,
+            "block_time": node.config.block_time,
+            "reward_pool": to_checksum_address(REWARD_POOL_ADDRESS),
+            "precompile": to_checksum_address(FREIVALDS_ADDRESS),
+            "head": node.head().block_number,
+        }
+
+    def blob_key(id_text: str) -> bytes:
+        try:
+            return parse_id(id_text)
+        except ValueError as exc:
+            raise BadBlob(400, str(exc)) from exc
+
+    @app.put("/blobs/{id_text}")
+    async def put_blob(id_text: str, request: Request) -> Response:
+        try:
+            key = blob_key(id_text)
+            declared = int(request.headers.get("content-length") or 0)
+            if declared > node.blobs.max_bytes:
+                raise BadBlob(413, f"blob of {declared} bytes exceeds the "
+                                   f"{node.blobs.max_bytes}-byte limit")
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > node.blobs.max_bytes:
+                    raise BadBlob(413, f"blob exceeds the {node.blobs.max_bytes}-byte limit")
+            data = bytes(body)
+            if blob_id(data) != key:
+                raise BadBlob(400, f"sha256 of the body is 0x{blob_id(data).hex()}, "
+                                   f"not 0x{key.hex()}")
+            try:
+                decode_array(data)
+            except ValueError as exc:
+                raise BadBlob(400, f"not a blob: {exc}") from exc
+            await run_in_threadpool(node.blobs.put, data)
+        except BadBlob as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return JSONResponse({"id": d(key), "size": len(data)})
+
+    @app.get("/blobs/{id_text}")
+    def get_blob(id_text: str) -> Response:
+        try:
+            key = blob_key(id_text)
+        except BadBlob as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+        data = node.blobs.get(key)
+        if data is None:
+            return JSONResponse({"error": f"blob 0x{key.hex()} not found"}, status_code=404)
+        return Response(data, media_type="application/octet-stream")
+
+    @app.head("/blobs/{id_text}")
+    def head_blob(id_text: str) -> Response:
+        try:
+            key = blob_key(id_text)
+        except BadBlob as exc:
+            return Response(status_code=exc.status)
+        path = node.blobs.path(key)
+        if not path.exists():
+            return Response(status_code=404)
+        return Response(status_code=200, headers={"content-length": str(path.stat().st_size)})
+
+    return app
+
+
+class BadBlob(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message

@@ -1,0 +1,42 @@
+"""The needle-net VM: py-evm's Prague rules plus the Freivalds precompile and PoUW rewards."""
+from __future__ import annotations
+
+from eth.abc import BlockAPI
+from eth.chains.base import Chain
+from eth.vm.forks.prague import PragueVM
+from eth.vm.forks.prague.computation import PragueComputation
+from eth.vm.forks.prague.state import PragueState
+
+from chain.blobs import BlobStore
+from chain.consensus import PoUWConsensus, block_rewards, verified_work
+from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
+from chain.precompile import make_freivalds_precompile
+
+
+class PoUWVMBase(PragueVM):
+    """Prague, with block rewards paid from the pool to the block's verified workers."""
+
+    fork = "prague-pouw"
+    consensus_class = PoUWConsensus
+
+    def _assign_block_rewards(self, block: BlockAPI) -> None:
+        work = verified_work(block.get_receipts(self.chaindb))
+        rewards = block_rewards(work, self.state.get_balance(REWARD_POOL_ADDRESS))
+        for worker, amount in rewards.items():
+            self.state.delta_balance(REWARD_POOL_ADDRESS, -amount)
+            self.state.delta_balance(worker, amount)
+
+
+def build_chain_class(store: BlobStore) -> type[Chain]:
+    """A Chain class whose VM verifies matmul results against this blob store."""
+    computation = type(
+        "PoUWComputation",
+        (PragueComputation,),
+        {"_precompiles": {**PragueComputation.get_precompiles(),
+                          FREIVALDS_ADDRESS: make_freivalds_precompile(store)}},
+    )
+    state = type("PoUWState", (PragueState,), {"computation_class": computation})
+    vm = type("PoUWVM", (PoUWVMBase,), {"_state_class": state})
+    return Chain.configure(
+        __name__="NeedleNetChain", vm_configuration=((0, vm),), chain_id=CHAIN_ID
+    )
