@@ -87,10 +87,13 @@ class DataParallel(Module):
         return np.array_split(batch, self.comm.size)[self.comm.rank]
 
     def local_fraction(self, global_batch_size: int) -> float:
-        """Share of the global batch that `shard` gives this rank."""
-        return len(np.array_split(np.empty(global_batch_size), self.comm.size)[self.comm.rank]) / (
-            global_batch_size
-        )
+        """Share of a global batch that `shard` gives this rank (the first ranks get the extras)."""
+        if global_batch_size < self.comm.size:
+            raise ValueError(
+                f"a batch of {global_batch_size} rows cannot be split over {self.comm.size} ranks"
+            )
+        base, extra = divmod(global_batch_size, self.comm.size)
+        return (base + (self.comm.rank < extra)) / global_batch_size
 
     def broadcast_parameters(self, root: int = 0) -> None:
         """Overwrite every rank's weights with root's, so replicas start identical."""
