@@ -1,0 +1,59 @@
+"""Where the arrays live (numpy, or CuPy for data already on a GPU) and the one pass per
+matrix that the check makes over it."""
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+BLOCK_ELEMENTS = 1 << 17  # row block kept in cache between its signed and absolute products
+
+
+def module_of(*arrays) -> ModuleType:
+    """numpy for host data, cupy for device data; mixing the two is an error."""
+    on_gpu = [hasattr(x, "__cuda_array_interface__") for x in arrays]
+    if not any(on_gpu):
+        return np
+    if not all(on_gpu):
+        raise TypeError("A, B and C must all be on the host or all on the GPU")
+    import cupy  # imported lazily: only device data needs it
+
+    return cupy
+
+
+def as_array(xp: ModuleType, x, name: str):
+    """The input itself when it already is an array of xp (never a copy)."""
+    try:
+        return xp.asarray(x)
+    except Exception as err:
+        raise TypeError(f"{name} is not an array: {err}") from err
+
+
+def products(xp: ModuleType, M, W, V, dtype):
+    """(M @ W, |M| @ V) evaluated in dtype, reading M once; V may be None.
+
+    On the host M is taken in row blocks small enough to stay in cache, so the absolute
+    value and any conversion to dtype never make a full-size copy of M.
+    """
+    if xp is not np:
+        Mx = M.astype(dtype, copy=False)
+        return Mx @ W, (None if V is None else xp.abs(Mx) @ V)
+    rows, cols = M.shape
+    signed = np.empty((rows, W.shape[1]), dtype)
+    absolute = None if V is None else np.empty((rows, V.shape[1]), dtype)
+    step = max(1, BLOCK_ELEMENTS // cols)
+    buf = np.empty((min(step, rows), cols), dtype)
+    for i in range(0, rows, step):
+        blk, out = M[i : i + step], buf[: min(step, rows - i)]
+        if blk.dtype == dtype:
+            np.matmul(blk, W, out=signed[i : i + step])
+            if V is not None:
+                np.abs(blk, out=out)
+        else:
+            np.copyto(out, blk, casting="safe")
+            np.matmul(out, W, out=signed[i : i + step])
+            if V is not None:
+                np.abs(out, out=out)
+        if V is not None:
+            np.matmul(out, V, out=absolute[i : i + step])
+    return signed, absolute

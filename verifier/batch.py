@@ -1,0 +1,146 @@
+"""verify() and verify_many(): input checks, batch broadcasting, vectors, and the verdict."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import product as index_product
+
+import numpy as np
+
+from verifier import exact, floating
+from verifier.arrays import as_array, module_of
+from verifier.result import VerifyResult
+from verifier.rng import P, as_seed, derive_seed, field_vectors, sign_vectors
+
+PRECISIONS = ("fp32", "tf32", "bf16", "exact")
+DEFAULT_ROUNDS = {"exact": 1, "fp32": 16, "tf32": 16, "bf16": 16}
+MAX_ROUNDS = 64
+MAX_DIM = 1 << 28  # keeps every exact limb at least 2 bits wide
+EXACT_INPUTS = "int8, int16, int32, int64, uint8, uint16, uint32"
+
+
+def verify(A, B, C, *, precision: str = "fp32", rounds: int | None = None,
+           seed: bytes | None = None) -> VerifyResult:
+    """Check C == A @ B (shapes (..., m, k), (..., k, n), (..., m, n), batch dims broadcast
+    like numpy.matmul) with Freivalds' algorithm; never modifies its inputs.
+
+    precision: "exact" for integers (C must equal the integer product), or the class the
+    float32 result was computed in: "fp32", "tf32" or "bf16" inputs with float32 accumulation.
+    seed: bytes from which the random vectors are derived, so that every node re-running
+    the check reaches the same verdict; None draws a fresh one from os.urandom.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    rounds = _rounds(precision, rounds)
+    seed = as_seed(seed)
+    xp = module_of(A, B, C)
+    A, B, C = (as_array(xp, x, name) for x, name in ((A, "A"), (B, "B"), (C, "C")))
+    batch, m, k, n = _shapes(A, B, C)
+    if precision == "exact":
+        return _verify_exact(xp, A, B, C, batch, k, n, rounds, seed)
+    return _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision)
+
+
+def verify_many(triples: Iterable, *, precision: str = "fp32", rounds: int | None = None,
+                seed: bytes | None = None) -> list[VerifyResult]:
+    """One result per (A, B, C) triple; triple i uses the child seed derive_seed(seed, i)."""
+    seed = as_seed(seed)
+    results = []
+    for i, triple in enumerate(triples):
+        A, B, C = triple
+        child = derive_seed(seed, i.to_bytes(8, "big"))
+        results.append(verify(A, B, C, precision=precision, rounds=rounds, seed=child))
+    return results
+
+
+def _rounds(precision: str, rounds: int | None) -> int:
+    if rounds is None:
+        return DEFAULT_ROUNDS[precision]
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)):
+        raise TypeError(f"rounds must be an int, got {type(rounds).__name__}")
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds must be between 1 and {MAX_ROUNDS}, got {rounds}")
+    return int(rounds)
+
+
+def _shapes(A, B, C) -> tuple[tuple[int, ...], int, int, int]:
+    for x, name in ((A, "A"), (B, "B"), (C, "C")):
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions, got shape {x.shape}")
+    (m, k), (k_b, n) = A.shape[-2:], B.shape[-2:]
+    if k != k_b:
+        raise ValueError(f"inner dimensions differ: A is {A.shape}, B is {B.shape}")
+    try:
+        batch = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    except ValueError:
+        raise ValueError(f"batch dimensions of A {A.shape} and B {B.shape} do not broadcast"
+                         ) from None
+    if C.shape != (*batch, m, n):
+        raise ValueError(f"C has shape {C.shape}, but A {A.shape} @ B {B.shape} has shape "
+                         f"{(*batch, m, n)}")
+    if min(m, k, n) == 0 or max(m, k, n) > MAX_DIM:
+        raise ValueError(f"matrix dimensions must be between 1 and {MAX_DIM}, got m={m}, "
+                         f"k={k}, n={n}")
+    return batch, m, k, n
+
+
+def _elements(xp, A, B, C, batch):
+    """(index, A_i, B_i, C_i) for every batch index, as views (no copies)."""
+    A = xp.broadcast_to(A, (*batch, *A.shape[-2:]))
+    B = xp.broadcast_to(B, (*batch, *B.shape[-2:]))
+    for index in index_product(*(range(d) for d in batch)):
+        yield index, A[index], B[index], C[index]
+
+
+def _where(index: tuple[int, ...], row: int) -> str:
+    return f"row {row}" + (f" of batch element {index}" if index else "")
+
+
+def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision) -> VerifyResult:
+    for x, name in ((A, "A"), (B, "B"), (C, "C")):
+        if x.dtype != np.float32:
+            raise TypeError(f"{precision} mode takes float32 A, B and C; {name} is {x.dtype}")
+    if k >= floating.MAX_INNER:
+        raise ValueError(f"inner dimension k={k} too large for a float32 error bound "
+                         f"(at most {floating.MAX_INNER - 1})")
+    R = sign_vectors(seed, n, rounds)
+    worst, reason = -float("inf"), "ok"
+    for index, a, b, c in _elements(xp, A, B, C, batch):
+        excess, row, bad = floating.check(xp, a, b, c, R, precision)
+        if bad is not None:
+            worst, reason = excess, bad + (f" (batch element {index})" if index else "")
+            break
+        if excess > worst:
+            worst = excess
+            if excess > 0:
+                reason = f"{_where(index, row)} exceeds its rounding-error bound by {excess:.6g}"
+    bound = 2.0**-rounds
+    return VerifyResult(worst <= 0, worst, rounds, bound, reason)
+
+
+def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
+    for x, name, kinds in ((A, "A", EXACT_INPUTS), (B, "B", EXACT_INPUTS),
+                           (C, "C", EXACT_INPUTS)):
+        if x.dtype.kind not in "iu" or x.dtype == np.uint64:
+            raise TypeError(f"exact mode takes integer matrices ({kinds}); {name} is {x.dtype}")
+    bound_a = exact.magnitude(xp, A, P // (4 * k))
+    bound_b = exact.magnitude(xp, B, P // (4 * k * max(bound_a, 1)))
+    product_bound = k * bound_a * bound_b
+    if 2 * product_bound >= P:
+        raise ValueError(f"exact mode needs k * max|A| * max|B| < (2^61 - 1) / 2 so that C is "
+                         f"determined mod p; here it is {product_bound}")
+    bound_c = exact.magnitude(xp, C, P - product_bound - 1)
+    bound = max(float(P) ** -rounds, 5e-324)  # p^-rounds, kept above float64's underflow
+    if bound_c + product_bound >= P:  # then bound_c > product_bound: C cannot be the product
+        too_large = ((C > product_bound) | (C < -product_bound)).reshape(-1, n).any(axis=1)
+        return VerifyResult(False, float(too_large.sum()), rounds, bound,
+                            f"C has an entry of magnitude {bound_c}, above k * max|A| * max|B| "
+                            f"= {product_bound}: not the integer product of A and B")
+    R = xp.asarray(field_vectors(seed, n, rounds))
+    mismatches, first = 0, None
+    for index, a, b, c in _elements(xp, A, B, C, batch):
+        rows = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c)
+        if len(rows) and first is None:
+            first = _where(index, int(rows[0]))
+        mismatches += len(rows)
+    reason = "ok" if first is None else f"{mismatches} rows differ mod p, first {first}"
+    return VerifyResult(mismatches == 0, float(mismatches), rounds, bound, reason)

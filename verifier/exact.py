@@ -1,0 +1,78 @@
+"""Exact mode: C = A B over the integers, checked by Freivalds modulo p = 2^61 - 1.
+
+Matrix entries stay as they are; the vectors, uniform in Z_p, are cut into w-bit limbs with
+w chosen so that every int64 partial sum of (matrix) x (limb) is below 2^62: no overflow in
+any summation order. Limb results are reduced mod p and recombined with shifts, which mod a
+Mersenne prime are 61-bit rotations.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+from verifier.arrays import products
+from verifier.rng import P
+
+SPLIT = 1 << 32  # entries at least this large are split into 32-bit halves first
+
+
+def dtype_magnitude(dtype) -> int:
+    """Largest |x| an integer dtype can hold."""
+    info = np.iinfo(dtype)
+    return max(-int(info.min), int(info.max))
+
+
+def data_magnitude(xp: ModuleType, M) -> int:
+    """Largest |x| in M (exact Python int: no overflow for int64's minimum)."""
+    return max(-int(M.min()), int(M.max()))
+
+
+def magnitude(xp: ModuleType, M, limit: int) -> int:
+    """An upper bound on |M|: from the dtype when that is already within limit, else the data."""
+    bound = dtype_magnitude(M.dtype)
+    return bound if bound <= limit else data_magnitude(xp, M)
+
+
+def rotate(xp: ModuleType, x, shift: int):
+    """x * 2^shift mod p for x in [0, p): 2^61 = 1 mod p makes it a 61-bit rotation."""
+    shift %= 61
+    if shift == 0:
+        return x
+    u = x.astype(np.uint64)
+    rotated = ((u << np.uint64(shift)) & np.uint64(P)) | (u >> np.uint64(61 - shift))
+    return rotated.astype(np.int64)
+
+
+def add_mod(xp: ModuleType, a, b):
+    total = a + b  # both in [0, p): no overflow below 2^62
+    return xp.where(total >= P, total - P, total)
+
+
+def matmul_mod_p(xp: ModuleType, M, V, bound: int):
+    """(M @ V) mod p in [0, p), exactly, for an integer matrix M with |M| <= bound and
+    V in [0, p) (int64)."""
+    if bound >= SPLIT:
+        M64 = M.astype(np.int64, copy=False)
+        high = matmul_mod_p(xp, M64 >> 32, V, SPLIT // 2)
+        low = matmul_mod_p(xp, M64 & (SPLIT - 1), V, SPLIT - 1)
+        return add_mod(xp, rotate(xp, high, 32), low)
+    inner, cols = V.shape
+    width = 62 - bound.bit_length() - inner.bit_length()  # inner * bound * 2^width <= 2^62
+    limbs = -(-61 // width)
+    mask = (1 << width) - 1
+    pieces = xp.concatenate([(V >> (width * i)) & mask for i in range(limbs)], axis=1)
+    sums, _ = products(xp, M, pieces, None, np.int64)
+    sums %= P
+    out = sums[:, :cols]
+    for i in range(1, limbs):
+        out = add_mod(xp, out, rotate(xp, sums[:, i * cols : (i + 1) * cols], width * i))
+    return out
+
+
+def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int, bound_c: int):
+    """Indices of the rows of C where C R != A (B R) mod p for some column of R."""
+    X = matmul_mod_p(xp, B, R, bound_b)
+    Y = matmul_mod_p(xp, A, X, bound_a)
+    Z = matmul_mod_p(xp, C, R, bound_c)
+    return xp.nonzero((Y != Z).any(axis=1))[0]

@@ -1,0 +1,80 @@
+"""Float mode: |C r - A (B r)| against a rigorous per-row bound on an honest result's error.
+
+The math (docs/verifier.md derives it): with s = |B| 1, t = |A| s, rho = |A| 1, c = |C| 1,
+an honest float32-accumulated C, computed in any order on any IEEE or tensor-core-like
+hardware from inputs rounded to the precision class, satisfies for every +-1 vector r
+
+    |(C - A B) r|_i <= H_i = eps t_i + alpha (n rho_i + sum(s)) + n (10 k + 2) TINY,
+
+and the check, evaluated in a floating format with unit u_e, is off by at most
+delta_i = g_n c_i + (g_n + g_k (1 + g_n)) t_i + small underflow terms. A row passes when
+the computed |C r - A (B r)|_i <= tau_i = SAFETY (H_i + delta_i).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+from verifier.arrays import products
+
+U_ACC = 2.0**-23  # per operation of the product's accumulation: 2x fp32 round-to-nearest,
+U_OUT = 2.0**-23  # so truncating (tensor-core) hardware is covered; C's own final rounding
+U_IN = {"fp32": 0.0, "tf32": 2.0**-10, "bf16": 2.0**-7}  # input rounding, truncation included
+TINY = 2.0**-126  # flush-to-zero error per input or operation (smallest normal float32)
+SAFETY = 1.0 + 2.0**-20  # covers the float64 rounding in evaluating tau itself
+MAX_INNER = 1 << 22  # k u_acc < 1/2: beyond this no fp32 accumulation bound is meaningful
+
+
+def gamma(length: int, unit: float) -> float:
+    """gamma_L = L u / (1 - L u), the classical bound for a length-L inner product."""
+    return length * unit / (1.0 - length * unit)
+
+
+def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, int, str | None]:
+    """(worst excess over rows and rounds, its row, None) or (inf, -1, reason) for NaN/Inf.
+
+    Host data is evaluated in float32 (one BLAS pass per matrix, no float64 copies);
+    device data, and host data whose float32 evaluation overflows, in float64.
+    """
+    fast = xp is np and max(A.shape[1], B.shape[1]) * 2.0**-24 < 0.25
+    found = residual_and_bound(xp, A, B, C, R, precision, np.float32 if fast else np.float64)
+    if found is None:
+        bad = [name for name, M in (("A", A), ("B", B), ("C", C))
+               if not bool(xp.isfinite(M).all())]
+        if bad:
+            return float("inf"), -1, f"NaN or Inf in {' and '.join(bad)}"
+        found = residual_and_bound(xp, A, B, C, R, precision, np.float64)
+    residual, tau = found
+    excess = residual - tau[:, None]
+    row = int(xp.argmax(excess.max(axis=1)))
+    return float(excess[row].max()), row, None
+
+
+def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.float32):
+    """(|C R - A (B R)| as computed, (m, rounds); tau, (m,)), both float64, evaluated in
+    dtype; None when some computed quantity is not finite (NaN/Inf in, or overflow)."""
+    m, k = A.shape
+    n = B.shape[1]
+    ue, tiny_e = float(np.finfo(dtype).eps) / 2, float(np.finfo(dtype).tiny)
+    R = xp.asarray(R, dtype=dtype)
+    X, s_hat = products(xp, B, R, xp.ones((n, 1), dtype), dtype)
+    Z, c_hat = products(xp, C, R, xp.ones((n, 1), dtype), dtype)
+    g_n, g_k, eta_n, eta_k = gamma(n, ue), gamma(k, ue), 4 * n * tiny_e, 4 * k * tiny_e
+    s_up = (s_hat.astype(np.float64) + eta_n) / (1 - g_n)
+    s_e = xp.nextafter(s_up.astype(dtype), xp.asarray(np.inf, dtype))  # rounded upwards
+    Y, abs_a = products(xp, A, X, xp.concatenate([s_e, xp.ones((k, 1), dtype)], axis=1), dtype)
+    if not all(bool(xp.isfinite(v).all()) for v in (X, Z, Y, s_e, c_hat, abs_a)):
+        return None
+    t = (abs_a[:, 0].astype(np.float64) + eta_k) / (1 - g_k)
+    rho = (abs_a[:, 1].astype(np.float64) + eta_k) / (1 - g_k)
+    c = (c_hat[:, 0].astype(np.float64) + eta_n) / (1 - g_n)
+
+    f = (1 + U_OUT) * (1 + gamma(k, U_ACC))
+    u_in = U_IN[precision]
+    honest = ((f * (1 + u_in) ** 2 - 1) * t
+              + f * (1 + u_in) * TINY * (n * rho + float(s_up.sum()))
+              + n * (10 * k + 2) * TINY)
+    evaluation = g_n * c + (g_n + g_k * (1 + g_n)) * t + (1 + g_k) * eta_n * rho + eta_n + eta_k
+    tau = SAFETY * (honest + evaluation)
+    return xp.abs(Z.astype(np.float64) - Y.astype(np.float64)), tau

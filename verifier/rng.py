@@ -1,0 +1,71 @@
+"""Random vectors for the check, derived from a seed so that every node derives the same ones.
+
+Stream: block i of a seed's stream for a label is SHA-256(DOMAIN || len(seed) as 8 bytes
+big-endian || seed || label || i as 8 bytes big-endian); blocks are concatenated. The label
+names the vector kind and shape, so different checks never share a stream.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+DOMAIN = b"needle-net/freivalds/v1"
+P = (1 << 61) - 1  # the Mersenne prime of exact mode
+
+
+def new_seed() -> bytes:
+    """A fresh unpredictable seed, for checks that need not be reproduced elsewhere."""
+    return os.urandom(32)
+
+
+def as_seed(seed: bytes | bytearray | memoryview | None) -> bytes:
+    if seed is None:
+        return new_seed()
+    if not isinstance(seed, (bytes, bytearray, memoryview)):
+        raise TypeError(f"seed must be bytes (32 recommended) or None, got {type(seed).__name__}")
+    seed = bytes(seed)
+    if not seed:
+        raise ValueError("seed must not be empty")
+    return seed
+
+
+def stream(seed: bytes, label: bytes, nbytes: int, start_block: int = 0) -> bytes:
+    """nbytes of SHA-256 counter-mode output for (seed, label), from block start_block on."""
+    prefix = DOMAIN + len(seed).to_bytes(8, "big") + seed + label
+    blocks = -(-nbytes // 32)
+    out = b"".join(
+        hashlib.sha256(prefix + i.to_bytes(8, "big")).digest()
+        for i in range(start_block, start_block + blocks)
+    )
+    return out[:nbytes]
+
+
+def derive_seed(seed: bytes, label: bytes) -> bytes:
+    """A 32-byte child seed, e.g. one per triple of a batch."""
+    return stream(seed, b"child:" + label, 32)
+
+
+def sign_vectors(seed: bytes, n: int, rounds: int) -> np.ndarray:
+    """(n, rounds) float32 matrix of +-1: bit t of the stream (most significant bit of each
+    byte first) gives entry (t % n, t // n), 0 -> +1 and 1 -> -1."""
+    label = b"sign:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
+    bits = np.unpackbits(np.frombuffer(stream(seed, label, -(-n * rounds // 8)), np.uint8))
+    signs = 1.0 - 2.0 * bits[: n * rounds].astype(np.float32)
+    return signs.reshape(rounds, n).T.copy()
+
+
+def field_vectors(seed: bytes, n: int, rounds: int) -> np.ndarray:
+    """(n, rounds) int64 matrix uniform in Z_p: each little-endian 8-byte word of the stream
+    keeps its low 61 bits; the value p itself is rejected, so the accepted words are exactly
+    uniform on [0, p). Entry (t % n, t // n) is the t-th accepted word."""
+    label = b"field:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
+    need, words, block = n * rounds, np.empty(0, np.uint64), 0
+    while words.size < need:
+        chunk_blocks = -(-(need - words.size + 1) // 4)  # whole blocks of 4 words
+        raw = stream(seed, label, 32 * chunk_blocks, start_block=block)
+        block += chunk_blocks
+        fresh = np.frombuffer(raw, "<u8") & np.uint64(P)
+        words = np.concatenate([words, fresh[fresh != np.uint64(P)]])
+    return words[:need].astype(np.int64).reshape(rounds, n).T.copy()
