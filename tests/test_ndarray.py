@@ -241,3 +241,25 @@ def test_copy_between_devices(device):
     copy = NDArray(moved)
     assert copy.handle is not moved.handle
     np.testing.assert_array_equal(copy.numpy(), x[:, 1:])
+
+
+def test_compact_copy_is_cached_until_a_write(device):
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    a = nd(x, device)
+    view = a.permute((1, 0))
+    first = view.compact()
+    assert view.compact() is first  # read twice (forward, backward): copied once
+    a[0, 0] = 42.0  # a write to the base buffer invalidates the copy
+    x[0, 0] = 42.0
+    second = view.compact()
+    assert second is not first
+    np.testing.assert_array_equal(second.numpy(), x.T)
+    second[1, 1] = -5.0  # so does a write into the copy itself
+    third = view.compact()
+    assert third is not second
+    np.testing.assert_array_equal(third.numpy(), x.T)
+    other_view = a[1:].permute((1, 0))  # views of one buffer share the write counter
+    other_view.compact()
+    view[2] = 0.0
+    x[:, 2] = 0.0
+    np.testing.assert_array_equal(other_view.compact().numpy(), x[1:].T)

@@ -7,6 +7,7 @@ on compact buffers. Inputs are validated here so a backend never sees a bad size
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Sequence
@@ -28,6 +29,10 @@ class BackendDevice:
     def __init__(self, name: str, mod=None):
         self.name = name
         self.mod = mod
+        if mod is not None:  # primitives as instance attributes: no __getattr__ on hot paths
+            self.__dict__.update(
+                (k, v) for k, v in vars(mod).items() if not k.startswith("_") and callable(v)
+            )
 
     def __eq__(self, other) -> bool:
         return isinstance(other, BackendDevice) and self.name == other.name
@@ -152,6 +157,7 @@ def _numeric(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32, order="C")
 
 
+@functools.lru_cache(maxsize=4096)
 def _compact_strides(shape: Shape) -> Shape:
     stride = 1
     strides = []
@@ -178,7 +184,7 @@ def _normalize_axes(axes, ndim: int, what: str) -> tuple[int, ...]:
 class NDArray:
     """A float32 strided array on a device."""
 
-    __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle")
+    __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "_writes", "_compacted")
 
     def __init__(self, other, device: BackendDevice | None = None, dtype: str = "float32"):
         _check_dtype(dtype)
@@ -197,6 +203,8 @@ class NDArray:
         self._offset = other._offset
         self._device = other._device
         self._handle = other._handle
+        self._writes = other._writes
+        self._compacted = None
 
     @staticmethod
     def make(
@@ -213,12 +221,32 @@ class NDArray:
         array._strides = _compact_strides(shape) if strides is None else strides
         array._offset = offset
         array._device = default_device() if device is None else device
+        array._compacted = None
         if handle is None:
             if dtype != "float32":
                 _check_dtype(dtype)
             handle = array._device.Array(math.prod(shape))
+            array._writes = [0]
+        else:  # an alias made outside NDArray's own views: writes to it cannot be tracked
+            array._writes = None
         array._handle = handle
         return array
+
+    def _view(self, shape: Shape, strides: Shape | None, offset: int) -> NDArray:
+        """Another view of this buffer, sharing its write counter."""
+        view = object.__new__(NDArray)
+        view._shape = shape
+        view._strides = _compact_strides(shape) if strides is None else strides
+        view._offset = offset
+        view._device = self._device
+        view._handle = self._handle
+        view._writes = self._writes
+        view._compacted = None
+        return view
+
+    def _written(self) -> None:
+        if self._writes is not None:
+            self._writes[0] += 1
 
     # ------------------------------------------------------------------ properties
     @property
@@ -275,6 +303,7 @@ class NDArray:
     def fill(self, value: float) -> None:
         """Set every element of this view to value, in place."""
         if self.is_compact():
+            self._written()
             self._device.fill(self._handle, float(value))
         else:
             self[...] = value
@@ -287,14 +316,25 @@ class NDArray:
         )
 
     def compact(self) -> NDArray:
-        """This array if it already fills its buffer row-major, else a compact copy."""
+        """This array if it already fills its buffer row-major, else a compact copy.
+
+        The copy is cached on this view (views are often read twice: forward and
+        backward) until the buffer or the copy is written through an NDArray.
+        """
         if self.is_compact():
             return self
+        cached = self._compacted
+        if cached is not None:
+            writes, out, out_writes = cached
+            if writes == self._writes[0] and out_writes == out._writes[0]:
+                return out
         out = NDArray.make(self._shape, device=self._device)
         if out.size:
             self._device.compact(
                 self._handle, out._handle, self._shape, self._strides, self._offset
             )
+        if self._writes is not None:
+            self._compacted = (self._writes[0], out, 0)
         return out
 
     # ------------------------------------------------------------------ views
@@ -304,7 +344,7 @@ class NDArray:
         if len(shape) != len(strides):
             raise ValueError(f"as_strided: shape {shape} and strides {strides} differ in length")
         self._check_in_buffer(shape, strides, self._offset)
-        return NDArray.make(shape, strides, self._device, self._handle, self._offset)
+        return self._view(shape, strides, self._offset)
 
     def _check_in_buffer(self, shape: Shape, strides: Shape, offset: int) -> None:
         if 0 in shape:
@@ -329,19 +369,17 @@ class NDArray:
         if math.prod(new_shape) != size or any(s < 0 for s in new_shape):
             raise ValueError(f"cannot reshape array of shape {self._shape} into {new_shape}")
         source = self if self._strides == _compact_strides(self._shape) else self.compact()
-        return NDArray.make(new_shape, None, self._device, source._handle, source._offset)
+        return source._view(new_shape, None, source._offset)
 
     def permute(self, new_axes) -> NDArray:
         """Reorder the axes (a view): new axis i is old axis new_axes[i]."""
-        axes = _normalize_axes(new_axes, self.ndim, "permute")
+        axes = tuple(new_axes)
+        if sorted(axes) != list(range(self.ndim)):
+            axes = _normalize_axes(axes, self.ndim, "permute")
         if len(axes) != self.ndim:
             raise ValueError(f"permute: {tuple(new_axes)} is not a permutation of {self.ndim} axes")
-        return NDArray.make(
-            tuple(self._shape[a] for a in axes),
-            tuple(self._strides[a] for a in axes),
-            self._device,
-            self._handle,
-            self._offset,
+        return self._view(
+            tuple(self._shape[a] for a in axes), tuple(self._strides[a] for a in axes), self._offset
         )
 
     def broadcast_to(self, new_shape) -> NDArray:
@@ -360,7 +398,7 @@ class NDArray:
                 strides.append(0)
             else:
                 raise ValueError(f"cannot broadcast shape {self._shape} to {new_shape}")
-        return NDArray.make(new_shape, tuple(strides), self._device, self._handle, self._offset)
+        return self._view(new_shape, tuple(strides), self._offset)
 
     def _view_of(self, idxs) -> NDArray:
         if not isinstance(idxs, tuple):
@@ -391,7 +429,7 @@ class NDArray:
                 offset += (int(idx) % dim) * stride
             else:
                 raise TypeError(f"NDArray index must be int, slice or Ellipsis, got {idx!r}")
-        return NDArray.make(tuple(shape), tuple(strides), self._device, self._handle, offset)
+        return self._view(tuple(shape), tuple(strides), offset)
 
     def __getitem__(self, idxs) -> NDArray:
         """A view: slices keep their axis, integer indices drop it (numpy semantics)."""
@@ -401,6 +439,7 @@ class NDArray:
         view = self._view_of(idxs)
         if view.size == 0:
             return
+        self._written()
         if isinstance(other, NDArray):
             if other._device != self._device:
                 raise ValueError(f"setitem: value on {other.device}, array on {self.device}")
@@ -569,7 +608,7 @@ class NDArray:
             if self._shape[ax]:
                 offset += (self._shape[ax] - 1) * strides[ax]
             strides[ax] = -strides[ax]
-        view = NDArray.make(self._shape, tuple(strides), self._device, self._handle, offset)
+        view = self._view(self._shape, tuple(strides), offset)
         return view.compact() if view.size else view
 
     def pad(self, axes: Sequence[tuple[int, int]]) -> NDArray:
