@@ -1,8 +1,6 @@
 """needle: a small deep-learning framework (CMU 10-414/714 API) on numpy, C++ and CUDA backends."""
 
-import importlib.util
-
-from . import ops
+from . import data, init, nn, ops, optim
 from .autograd import Tensor, TensorTuple, no_grad
 from .backend_ndarray import (
     BackendDevice,
@@ -15,18 +13,16 @@ from .backend_ndarray import (
 )
 from .ops import *  # noqa: F403 (CMU exposes ops at the top level too)
 
-# nn, optim, init and data are built by another part of the project; import those present.
-for _name in ("init", "nn", "optim", "data"):
-    if importlib.util.find_spec(f"{__name__}.{_name}") is not None:
-        importlib.import_module(f"{__name__}.{_name}")
-del _name
-
 __all__ = [
     "BackendDevice",
     "NDArray",
     "Tensor",
     "TensorTuple",
     "all_devices",
+    "data",
+    "init",
+    "nn",
+    "optim",
     "cpu",
     "cpu_numpy",
     "cuda",

@@ -349,12 +349,21 @@ class Tensor(Value):
 
 
 def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
-    """Reverse-mode AD: sum each node's adjoint contributions, then push them to its inputs."""
+    """Reverse-mode AD: sum each node's adjoint contributions, then push them to its inputs.
+
+    Adjoints of single tuple entries (tuple_get_item) are collected per entry and
+    turned into one tuple adjoint, so using all n parts of a split costs O(n), not O(n^2).
+    """
+    from .ops.ops_tuple import TupleGetItem
+
     grads: dict[Value, list[Value]] = {output: [out_grad]}
+    entries: dict[Value, dict[int, Value]] = {}
     with no_grad():
         for node in reversed(find_topo_sort([output])):
-            contributions = grads.pop(node, None)
-            if contributions is None:
+            contributions = grads.pop(node, [])
+            if node in entries:
+                contributions.append(_tuple_adjoint(node, entries.pop(node)))
+            if not contributions:
                 continue
             adjoint = contributions[0]
             for grad in contributions[1:]:
@@ -363,11 +372,29 @@ def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
                 node.grad = adjoint
             if node.op is None:
                 continue
+            if isinstance(node.op, TupleGetItem):
+                parts = entries.setdefault(node.inputs[0], {})
+                index = node.op.index
+                parts[index] = adjoint + parts[index] if index in parts else adjoint
+                continue
             for inp, grad in zip(
                 node.inputs, node.op.gradient_as_tuple(adjoint, node), strict=True
             ):
                 if inp.requires_grad:
                     grads.setdefault(inp, []).append(grad)
+
+
+def _tuple_adjoint(node: Value, parts: dict[int, Value]) -> TensorTuple:
+    """The adjoint of a tuple from the adjoints of some of its entries (zeros elsewhere)."""
+    from .ops import make_tuple
+
+    values = node.realize_cached_data()
+    return make_tuple(
+        *[
+            parts[i] if i in parts else Tensor.make_const(v.device.zeros(v.shape))
+            for i, v in enumerate(values)
+        ]
+    )
 
 
 def find_topo_sort(nodes: Iterable[Value]) -> list[Value]:

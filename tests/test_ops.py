@@ -261,3 +261,15 @@ def test_conv_on_strided_input(device):
     viewed = ops.transpose(stored, (1, 2))
     out = ops.conv(viewed, ndl.Tensor(w, device=device), padding=1)
     np.testing.assert_allclose(out.numpy(), _conv_reference(x, w, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_tuple_used_whole_and_by_entries(device):
+    x_np, w = randn(3, 2), randn(3, 2)
+    x = ndl.Tensor(x_np, device=device)
+    parts = ops.split(x, 0)
+    whole = ops.stack(parts, 0)  # the tuple itself feeds stack
+    loss = (whole * ndl.Tensor(w, device=device)).sum() + (parts[1] * 3.0).sum()
+    loss.backward()
+    expected = w.copy()
+    expected[1] += 3.0
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
