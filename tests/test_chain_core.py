@@ -1,0 +1,269 @@
+"""Chain internals in-process: blob format, sqlite atomicity, the precompile's verdicts and
+consensus (a block whose verified work does not verify on the importing node is invalid)."""
+import hashlib
+import os
+import shutil
+
+import numpy as np
+import pytest
+import rlp
+from eth.db.atomic import AtomicDB
+from eth_hash.auto import keccak
+from eth_utils import ValidationError, to_canonical_address
+from web3 import Web3
+
+from chain.blobs import BlobStore, blob_id, decode_array, encode_array
+from chain.compile import compiled_market
+from chain.db import SqliteDB
+from chain.devnet import dev_accounts
+from chain.genesis import genesis_params, genesis_state
+from chain.node import Node, NodeConfig
+from chain.params import CHAIN_ID, MARKET_ADDRESS
+from chain.precompile import BAD_OPERANDS, FAIL, PASS, check_gas, verdict
+from chain.vm import build_chain_class
+
+RNG = np.random.default_rng(7)
+
+
+# --- blobs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "int8", "int16", "int32", "int64"])
+def test_blob_round_trip_matches_numpy(dtype):
+    array = (RNG.standard_normal((3, 4, 5)) * 50).astype(dtype)
+    blob = encode_array(array)
+    assert blob[:4] == b"NNB1" and blob[6:8] == b"\0\0"
+    assert len(blob) == 8 + 3 * 8 + array.nbytes
+    back = decode_array(blob)
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)
+    assert blob_id(blob) == hashlib.sha256(blob).digest()
+
+
+def test_blob_id_covers_shape_and_dtype():
+    data = np.arange(12, dtype=np.int32)
+    ids = {blob_id(encode_array(x)) for x in (data, data.reshape(3, 4), data.view(np.float32))}
+    assert len(ids) == 3
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda b: b"XXXX" + b[4:], "magic"),
+    (lambda b: b[:4] + bytes([9]) + b[5:], "dtype code"),
+    (lambda b: b[:-1], "needs"),
+    (lambda b: b + b"\0", "needs"),
+    (lambda b: b[:10], "truncated"),
+    (lambda b: b[:3], "shorter"),
+])
+def test_corrupt_blob_is_a_clear_value_error(corrupt, message):
+    blob = encode_array(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match=message):
+        decode_array(corrupt(blob))
+
+
+def test_unsupported_dtype_named():
+    with pytest.raises(ValueError, match="float64"):
+        encode_array(np.ones(3))
+
+
+def test_blob_store_put_get_limit(tmp_path):
+    store = BlobStore(tmp_path, max_bytes=200)
+    blob = encode_array(np.arange(10, dtype=np.int64))
+    id_ = store.put(blob)
+    assert store.has(id_) and store.get(id_) == blob and store.get("0x" + id_.hex()) == blob
+    assert store.get(b"\1" * 32) is None
+    with pytest.raises(ValueError, match="exceeds"):
+        store.put(encode_array(np.zeros(100, np.int64)))
+    with pytest.raises(ValueError, match="magic"):
+        store.put(b"garbage-bytes")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [id_.hex()]  # no temp files left
+
+
+# --- database ------------------------------------------------------------------------------
+def test_sqlite_db_persists_only_flushed_writes(tmp_path):
+    db = SqliteDB(tmp_path / "kv.sqlite")
+    db[b"a"] = b"1"
+    db.flush()
+    db[b"b"] = b"2"
+    del db[b"a"]
+    assert b"b" in db and b"a" not in db
+    db.close()  # "crash" before the second flush
+    reopened = SqliteDB(tmp_path / "kv.sqlite")
+    assert reopened[b"a"] == b"1" and b"b" not in reopened
+    reopened[b"b"] = b"2"
+    del reopened[b"a"]
+    reopened.flush()
+    reopened.close()
+    final = SqliteDB(tmp_path / "kv.sqlite")
+    assert final[b"b"] == b"2" and b"a" not in final
+
+
+# --- precompile verdicts -------------------------------------------------------------------
+def _store_arrays(store, *arrays):
+    return [store.put(encode_array(a)) for a in arrays]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return BlobStore(tmp_path / "blobs")
+
+
+def test_precompile_passes_honest_float_result(store):
+    a, b = RNG.standard_normal((9, 7), np.float32), RNG.standard_normal((7, 5), np.float32)
+    ids = _store_arrays(store, a, b, a @ b)
+    assert verdict(store, *ids, 1, 9, 7, 5, 1, 8, b"\1" * 32) == PASS
+
+
+def test_precompile_fails_wrong_float_result(store):
+    a, b = RNG.standard_normal((9, 7), np.float32), RNG.standard_normal((7, 5), np.float32)
+    c = a @ b
+    c[4, 2] += 0.5
+    ids = _store_arrays(store, a, b, c)
+    assert verdict(store, *ids, 1, 9, 7, 5, 1, 8, b"\1" * 32) == FAIL
+
+
+def test_precompile_exact_integers_and_batches(store):
+    a = RNG.integers(-100, 100, (3, 4, 6)).astype(np.int32)
+    b = RNG.integers(-100, 100, (6, 2)).astype(np.int32)
+    good = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    bad = good.copy()
+    bad[1, 3, 1] += 1
+    a_id, b_id, good_id, bad_id = _store_arrays(store, a, b, good, bad)
+    assert verdict(store, a_id, b_id, good_id, 3, 4, 6, 2, 0, 4, b"\2" * 32) == PASS
+    assert verdict(store, a_id, b_id, bad_id, 3, 4, 6, 2, 0, 4, b"\2" * 32) == FAIL
+
+
+def test_precompile_missing_or_malformed_blobs_are_verdicts(store):
+    a, b = RNG.standard_normal((4, 3), np.float32), RNG.standard_normal((3, 2), np.float32)
+    a_id, b_id, c_id = _store_arrays(store, a, b, a @ b)
+    missing = b"\7" * 32
+    seed = b"\0" * 32
+    assert verdict(store, a_id, b_id, missing, 1, 4, 3, 2, 1, 8, seed) == FAIL
+    assert verdict(store, missing, b_id, c_id, 1, 4, 3, 2, 1, 8, seed) == BAD_OPERANDS
+    # declared shapes that do not match the operands
+    assert verdict(store, a_id, b_id, c_id, 1, 4, 3, 3, 1, 8, seed) == BAD_OPERANDS
+    # integers declared as a float class, floats declared exact
+    (int_id,) = _store_arrays(store, np.ones((4, 3), np.int32))
+    assert verdict(store, int_id, b_id, c_id, 1, 4, 3, 2, 1, 8, seed) == BAD_OPERANDS
+    assert verdict(store, a_id, b_id, c_id, 1, 4, 3, 2, 0, 8, seed) == BAD_OPERANDS
+    # a result with the wrong shape or NaN is the worker's failure
+    (wrong_shape,) = _store_arrays(store, (a @ b).T.copy())
+    assert verdict(store, a_id, b_id, wrong_shape, 1, 4, 3, 2, 1, 8, seed) == FAIL
+    nan = (a @ b).copy()
+    nan[0, 0] = np.nan
+    (nan_id,) = _store_arrays(store, nan)
+    assert verdict(store, a_id, b_id, nan_id, 1, 4, 3, 2, 1, 8, seed) == FAIL
+
+
+def test_precompile_gas_is_quadratic_in_size():
+    # doubling every dimension quadruples the per-element part of the cost
+    base = check_gas(1, 1, 1, 1, 8) - 3 * 9
+    assert check_gas(1, 64, 64, 64, 8) - base == 9 * 3 * 64 * 64
+    assert check_gas(2, 128, 128, 128, 8) - base == 4 * 2 * (check_gas(1, 64, 64, 64, 8) - base)
+
+
+# --- consensus: re-executing blocks re-runs the verifications ------------------------------
+MARKET = Web3().eth.contract(address=Web3.to_checksum_address(MARKET_ADDRESS),
+                             abi=compiled_market()["abi"])
+
+
+class Signer:
+    def __init__(self, account):
+        self.account, self.nonce = account, 0
+
+    def tx(self, fn: str, *args, value: int = 0) -> bytes:
+        data = MARKET.encode_abi(fn, args=list(args))
+        tx = {"to": MARKET.address, "data": data, "value": value, "gas": 3_000_000,
+              "maxFeePerGas": 10**10, "maxPriorityFeePerGas": 1, "nonce": self.nonce,
+              "chainId": CHAIN_ID, "type": 2}
+        self.nonce += 1
+        return self.account.sign_transaction(tx).raw_transaction
+
+
+def _run_job(node: Node, correct: bool) -> int:
+    """Register, submit, claim, commit and finalize one job by sealing blocks directly."""
+    submitter, worker = (Signer(a) for a in dev_accounts(2))
+    a, b = RNG.standard_normal((6, 4), np.float32), RNG.standard_normal((4, 3), np.float32)
+    c = a @ b + (0 if correct else 1)
+    a_id, b_id, c_id = (node.blobs.put(encode_array(x)) for x in (a, b, c))
+    for raw in (worker.tx("register", value=10**18),
+                submitter.tx("submitJob", a_id, b_id, 1, 6, 4, 3, 1, 50, value=10**15)):
+        node.admit(raw)
+    node.seal()
+    node.admit(worker.tx("claimJob", 0))
+    node.seal()
+    node.admit(worker.tx("commitResult", 0, c_id))
+    node.seal()
+    node.admit(worker.tx("finalize", 0))
+    return node.seal().number
+
+
+def _replay(node: Node, store: BlobStore, upto: int) -> None:
+    fresh = build_chain_class(store).from_genesis(AtomicDB(), genesis_params(), genesis_state())
+    for number in range(1, upto + 1):
+        fresh.import_block(node.chain.get_canonical_block_by_number(number))
+    assert fresh.get_canonical_head() == node.head()
+
+
+def test_seal_commits_to_verified_work_and_replay_reverifies(tmp_path):
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    final = _run_job(node, correct=True)
+    block = node.chain.get_canonical_block_by_number(final)
+    worker = to_canonical_address(dev_accounts(2)[1].address)
+    flops = 2 * 6 * 4 * 3
+    assert block.header.extra_data == keccak(rlp.encode([[0, worker, flops]]))
+
+    honest = BlobStore(tmp_path / "copy")
+    for path in node.blobs.directory.iterdir():
+        honest.put(path.read_bytes())
+    _replay(node, honest, final)  # every block imports, same head
+
+    # a node whose copy of C is corrupt re-runs the check, the job fails: block invalid
+    tampered_dir = tmp_path / "tampered"
+    shutil.copytree(honest.directory, tampered_dir)
+    job_c = [p for p in tampered_dir.iterdir()
+             if decode_array(p.read_bytes()).shape == (6, 3)]
+    assert len(job_c) == 1
+    wrong = decode_array(job_c[0].read_bytes()) + np.float32(1)
+    job_c[0].write_bytes(encode_array(wrong))  # content no longer matches its name
+    with pytest.raises(ValidationError, match="locally executed block"):
+        _replay(node, BlobStore(tampered_dir), final)
+    node.stop()
+
+
+def test_block_with_forged_seal_is_rejected(tmp_path):
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    final = _run_job(node, correct=True)
+    fresh = build_chain_class(node.blobs).from_genesis(AtomicDB(), genesis_params(),
+                                                       genesis_state())
+    for number in range(1, final):
+        fresh.import_block(node.chain.get_canonical_block_by_number(number))
+    block = node.chain.get_canonical_block_by_number(final)
+    forged = block.copy(header=block.header.copy(extra_data=keccak(rlp.encode([]))))
+    with pytest.raises(ValidationError, match="seal"):
+        fresh.import_block(forged)
+    node.stop()
+
+
+def test_wrong_result_is_not_rewarded_and_seal_is_empty(tmp_path):
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    final = _run_job(node, correct=False)
+    block = node.chain.get_canonical_block_by_number(final)
+    assert block.header.extra_data == keccak(rlp.encode([]))
+    worker = to_canonical_address(dev_accounts(2)[1].address)
+    state = node.state_at()
+    assert state.get_balance(MARKET_ADDRESS) == 10**18 // 2 + 10**15  # half the stake + fee
+    assert state.get_nonce(worker) == 4
+    node.stop()
+
+
+def test_admission_rejects_before_the_mempool(tmp_path):
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    signer = Signer(dev_accounts(1)[0])
+    raw = signer.tx("cancel", 0)
+    node.admit(raw)
+    with pytest.raises(ValueError, match="already known"):
+        node.admit(raw)
+    node.seal()
+    with pytest.raises(ValueError, match="nonce too low"):
+        node.admit(raw)
+    with pytest.raises(ValueError, match="decoded"):
+        node.admit(os.urandom(50))
+    node.stop()
