@@ -122,8 +122,9 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
                            (C, "C", EXACT_INPUTS)):
         if x.dtype.kind not in "iu" or x.dtype == np.uint64:
             raise TypeError(f"exact mode takes integer matrices ({kinds}); {name} is {x.dtype}")
-    bound_a = exact.magnitude(xp, A, P // (4 * k))
-    bound_b = exact.magnitude(xp, B, P // (4 * k * max(bound_a, 1)))
+    bound_a, bound_b = exact.dtype_magnitude(A.dtype), exact.dtype_magnitude(B.dtype)
+    if 2 * k * bound_a * bound_b >= P:  # the dtypes allow too much: look at the data
+        bound_a, bound_b = exact.data_magnitude(xp, A), exact.data_magnitude(xp, B)
     product_bound = k * bound_a * bound_b
     if 2 * product_bound >= P:
         raise ValueError(f"exact mode needs k * max|A| * max|B| < (2^61 - 1) / 2 so that C is "

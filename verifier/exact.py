@@ -29,7 +29,7 @@ def data_magnitude(xp: ModuleType, M) -> int:
 
 
 def magnitude(xp: ModuleType, M, limit: int) -> int:
-    """An upper bound on |M|: from the dtype when that is already within limit, else the data."""
+    """An upper bound on |M|: the dtype's when that is within limit, else the data's."""
     bound = dtype_magnitude(M.dtype)
     return bound if bound <= limit else data_magnitude(xp, M)
 

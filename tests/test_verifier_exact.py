@@ -1,0 +1,151 @@
+"""Exact mode: modular arithmetic against Python integers, honest integer products pass,
+every wrong one fails, including a result that is right only modulo p."""
+import numpy as np
+import pytest
+
+from verifier import P, verify, verify_many
+from verifier.exact import matmul_mod_p
+
+SEEDS = [bytes([i]) * 32 for i in range(5)]
+INPUT_TYPES = [np.int8, np.int16, np.int32, np.uint8, np.uint16]
+
+
+def reference_mod_p(M, V):
+    """(M @ V) mod p with Python's unbounded integers."""
+    M, V = M.astype(object), V.astype(object)
+    return np.array((M @ V) % P, dtype=np.int64)
+
+
+def integers(rng, shape, dtype, small=False):
+    info = np.iinfo(dtype)
+    lo, hi = (max(info.min, -1000), min(info.max, 1000)) if small else (info.min, info.max)
+    return rng.integers(lo, hi, shape, dtype=dtype, endpoint=True)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.uint32, np.int64])
+def test_matmul_mod_p_matches_python_integers(dtype):
+    rng = np.random.default_rng(0)
+    for rows, inner, cols in [(1, 1, 1), (5, 300, 3), (7, 64, 2)]:
+        M = integers(rng, (rows, inner), dtype)
+        M.flat[0] = np.iinfo(dtype).min  # the extremes, int64's minimum included
+        M.flat[-1] = np.iinfo(dtype).max
+        V = rng.integers(0, P, (inner, cols), dtype=np.int64)
+        V.flat[0] = P - 1
+        bound = max(-int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+        assert np.array_equal(matmul_mod_p(np, M, V, bound), reference_mod_p(M, V))
+
+
+def honest(A, B):
+    return A.astype(np.int64) @ B.astype(np.int64)
+
+
+def test_thousands_of_honest_integer_products_pass():
+    rng = np.random.default_rng(1)
+    triples = []
+    for i in range(1500):
+        m, k, n = rng.integers(1, 24, 3)
+        dtype = INPUT_TYPES[i % len(INPUT_TYPES)]
+        A = integers(rng, (m, k), dtype, small=dtype in (np.int32,))
+        B = integers(rng, (k, n), dtype, small=dtype in (np.int32,))
+        C = honest(A, B)
+        fits = np.abs(C).max() < 2**31  # otherwise an int32 C would be wrapped, i.e. wrong
+        triples.append((A, B, C.astype(np.int32) if fits and i % 2 else C))
+    results = verify_many(triples, precision="exact", seed=b"exact completeness")
+    assert [r.reason for r in results if not r.passed] == []
+    assert all(r.worst_excess == 0 and r.rounds == 1 for r in results)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (512, 1024, 300), (3, 1024, 1)])
+def test_larger_honest_products_pass(shape):
+    m, k, n = shape
+    rng = np.random.default_rng(2)
+    A, B = integers(rng, (m, k), np.int8), integers(rng, (k, n), np.int8)
+    C = (A.astype(np.float64) @ B.astype(np.float64)).astype(np.int32)  # exact below 2^53
+    assert verify(A, B, C, precision="exact", seed=SEEDS[0]).passed
+
+
+def test_full_range_int32_inputs_with_int64_results():
+    """|entries| up to 2^31 with k = 3: products up to 2^63 do not fit, so the data decides."""
+    rng = np.random.default_rng(3)
+    A = rng.integers(-(2**28), 2**28, (6, 3)).astype(np.int32)
+    B = rng.integers(-(2**28), 2**28, (3, 5)).astype(np.int32)
+    C = honest(A, B)
+    assert verify(A, B, C, precision="exact", seed=SEEDS[1]).passed
+    C[4, 4] += 1
+    assert not verify(A, B, C, precision="exact", seed=SEEDS[1]).passed
+
+
+def adversaries(A, B, C, rng):
+    yield "one entry +1", C + (np.arange(C.size).reshape(C.shape) == 7)
+    shifted = C.copy()
+    shifted[3] += 5
+    yield "row shifted", shifted
+    column = C.copy()
+    column[:, 1] -= 1
+    yield "column shifted", column
+    yield "rank-1 error", C + np.outer(rng.integers(-3, 4, C.shape[0]),
+                                       rng.integers(-3, 4, C.shape[1]) | 1)
+    yield "zeros", np.zeros_like(C)
+    yield "transpose", C.T.copy()
+    A2 = A.copy()
+    A2[2, 2] += 1
+    yield "slightly different input", honest(A2, B)
+    yield "swapped operands", honest(B, A)
+    plus_p = C.copy()
+    plus_p[0, 0] += P  # equal to the product mod p: caught by the magnitude rule
+    yield "entry + p", plus_p
+    yield "int32 wrap-around", (C * 2**24).astype(np.int32).astype(np.int64)
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_adversarial_results_fail(rounds):
+    rng = np.random.default_rng(4)
+    A, B = integers(rng, (31, 31), np.int8), integers(rng, (31, 31), np.int8)
+    C = honest(A, B)
+    for name, wrong in adversaries(A, B, C, rng):
+        assert not np.array_equal(wrong, C), name
+        for seed in SEEDS:
+            result = verify(A, B, wrong, precision="exact", rounds=rounds, seed=seed)
+            assert not result.passed, (name, result)
+            assert result.worst_excess >= 1 and result.reason != "ok"
+
+
+def test_mismatch_count_is_the_number_of_wrong_rows():
+    rng = np.random.default_rng(5)
+    A, B = integers(rng, (20, 9), np.int16), integers(rng, (9, 12), np.int16)
+    wrong = honest(A, B)
+    wrong[[1, 4, 4, 19], [0, 3, 7, 11]] += 1
+    result = verify(A, B, wrong, precision="exact", seed=SEEDS[2])
+    assert result.worst_excess == 3 and "row 1" in result.reason
+
+
+def test_false_accept_bound_is_p_to_the_minus_rounds():
+    A = B = np.eye(3, dtype=np.int8)
+    for rounds in (1, 2, 5):
+        result = verify(A, B, np.eye(3, dtype=np.int32), precision="exact", rounds=rounds)
+        assert result.false_accept_bound == pytest.approx(float(P) ** -rounds)
+        assert result.false_accept_bound <= 2.0**-40
+
+
+def test_single_round_never_accepts_crafted_errors():
+    """A pair error (x, -x): a round misses iff r_j1 = r_j2 in Z_p, probability 1/p."""
+    rng = np.random.default_rng(6)
+    A, B = integers(rng, (5, 6), np.int8), integers(rng, (6, 7), np.int8)
+    wrong = honest(A, B)
+    wrong[1, 2] += 3
+    wrong[1, 5] -= 3
+    accepted = sum(verify(A, B, wrong, precision="exact", seed=i.to_bytes(4, "big")).passed
+                   for i in range(2000))
+    assert accepted == 0
+
+
+def test_exact_mode_rejects_floats_and_oversized_operands():
+    A = np.ones((2, 2), np.float32)
+    with pytest.raises(TypeError, match="exact mode takes integer"):
+        verify(A, A, A, precision="exact")
+    I = np.ones((2, 2), np.int64)
+    with pytest.raises(TypeError, match="C is uint64"):
+        verify(I, I, I.astype(np.uint64), precision="exact")
+    big = np.full((2, 2), 2**31 - 1, np.int32)
+    with pytest.raises(ValueError, match="k \\* max\\|A\\| \\* max\\|B\\|"):
+        verify(big, big, np.zeros((2, 2), np.int64), precision="exact")

@@ -1,0 +1,63 @@
+"""The GPU path (CuPy arrays, checked in float64 on the device) agrees with the host path."""
+import numpy as np
+import pytest
+
+from verifier import verify
+
+cupy = pytest.importorskip("cupy")
+try:
+    cupy.cuda.runtime.getDeviceCount()
+except Exception as err:  # CuPy without a usable GPU
+    pytest.skip(f"no CUDA GPU: {err}", allow_module_level=True)
+
+SEED = b"gpu" * 11
+
+
+def test_float_verdicts_match_the_host_and_gpu_matmul_passes():
+    rng = np.random.default_rng(0)
+    for m, k, n in [(1, 1, 1), (65, 300, 33), (1024, 1024, 1024)]:
+        A = rng.standard_normal((m, k), dtype=np.float32)
+        B = rng.standard_normal((k, n), dtype=np.float32)
+        dA, dB = cupy.asarray(A), cupy.asarray(B)
+        dC = dA @ dB  # cuBLAS, its own summation order
+        assert verify(dA, dB, dC, seed=SEED).passed
+        wrong = dC.copy()
+        wrong[m // 2, n // 2] += 1.0
+        on_gpu = verify(dA, dB, wrong, seed=SEED)
+        on_host = verify(A, B, cupy.asnumpy(wrong), seed=SEED)
+        assert not on_gpu.passed and not on_host.passed
+        wrong[0, 0] = cupy.nan
+        assert "NaN or Inf in C" in verify(dA, dB, wrong, seed=SEED).reason
+
+
+def test_tf32_tensor_core_results_pass_in_the_tf32_class():
+    rng = np.random.default_rng(1)
+    A = cupy.asarray(rng.standard_normal((512, 2048), dtype=np.float32))
+    B = cupy.asarray(rng.standard_normal((2048, 256), dtype=np.float32))
+    with cupy.cuda.Device():
+        previous = cupy.cuda.cublas.getMathMode(cupy.cuda.device.get_cublas_handle())
+        cupy.cuda.cublas.setMathMode(cupy.cuda.device.get_cublas_handle(),
+                                     cupy.cuda.cublas.CUBLAS_TF32_TENSOR_OP_MATH)
+        try:
+            C = A @ B
+        finally:
+            cupy.cuda.cublas.setMathMode(cupy.cuda.device.get_cublas_handle(), previous)
+    assert verify(A, B, C, precision="tf32", seed=SEED).passed
+
+
+def test_exact_mode_and_batches_on_the_gpu():
+    rng = np.random.default_rng(2)
+    A = rng.integers(-128, 128, (3, 200, 300)).astype(np.int8)
+    B = rng.integers(-128, 128, (300, 100)).astype(np.int8)
+    C = A.astype(np.int64) @ B
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    assert verify(dA, dB, dC, precision="exact", seed=SEED).passed
+    dC[1, 5, 7] += 1
+    result = verify(dA, dB, dC, precision="exact", seed=SEED)
+    assert not result.passed and result.worst_excess == 1
+
+
+def test_mixing_host_and_device_arrays_is_an_error():
+    A = np.ones((2, 2), np.float32)
+    with pytest.raises(TypeError, match="all on the host or all on the GPU"):
+        verify(A, cupy.asarray(A), A)
