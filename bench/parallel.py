@@ -105,8 +105,8 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     gpu = opts.device == "cuda"
-    opts.batch = opts.batch or (128 if gpu else 8)
-    opts.steps = opts.steps or (20 if gpu else 5)
+    opts.batch = opts.batch or (128 if gpu else 16)
+    opts.steps = opts.steps or (30 if gpu else 10)
     if opts.worker:
         worker(opts)
         return
