@@ -6,6 +6,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable
 
+import rlp
 from eth.exceptions import Revert, TransactionNotFound
 from eth.vm.spoof import SpoofTransaction
 from eth_abi import decode as abi_decode
@@ -225,7 +226,7 @@ class Rpc:
             "logsBloom": d(h.bloom.to_bytes(256, "big")), "transactionsRoot": d(h.transaction_root),
             "stateRoot": d(h.state_root), "receiptsRoot": d(h.receipt_root),
             "miner": addr(h.coinbase), "difficulty": q(h.difficulty), "totalDifficulty": q(0),
-            "extraData": d(h.extra_data), "size": q(len(block.encode()) if full else 0),
+            "extraData": d(h.extra_data), "size": q(len(rlp.encode(block))),
             "gasLimit": q(h.gas_limit), "gasUsed": q(h.gas_used), "timestamp": q(h.timestamp),
             "transactions": txs, "uncles": [], "baseFeePerGas": q(h.base_fee_per_gas),
             "mixHash": d(h.mix_hash), "withdrawals": [], "withdrawalsRoot": d(h.withdrawals_root),
