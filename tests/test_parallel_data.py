@@ -1,4 +1,6 @@
 """Data parallelism on 2 MPI ranks reproduces single-process full-batch training."""
+import json
+
 import numpy as np
 import pytest
 from parallel_scripts.common import make_model, train_reference
@@ -40,10 +42,17 @@ def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload
     # per step, 3 Linear layers: 3 matmuls forward, 2 each backward (the input is a needle
     # Tensor, which requires grad by default)
     assert offloaded == ([STEPS * 9] * 2 if offload == "offload" else [0, 0])
-    # The script then wraps replicas of different shapes: every rank must refuse them.
+    # The script then tries bad input: every rank must refuse it, naming what was wrong.
     for r in range(2):
-        message = (tmp_path / f"mismatch{r}.txt").read_text()
-        assert "rank 1 has parameters" in message and "same model" in message
+        refusals = json.loads((tmp_path / f"refusals{r}.json").read_text())
+        assert "rank 1 has parameters" in refusals["replicas"]
+        assert refusals["shard"] == "a batch of shape (1, 3) cannot be split over 2 ranks"
+        assert refusals["fraction"] == "a batch of 1 rows cannot be split over 2 ranks"
+        assert refusals["weight"] == "local_fraction must lie in [0, 1], got 1.5"
+        # NaN in rank 1's batch only: both ranks refuse the summed gradients, naming them
+        assert refusals["nan"].startswith(
+            "non-finite gradients (NaN or inf on some rank) for parameters [0, 1, 2, 3, 4, 5]"
+        )
 
 
 def test_buckets_cover_every_parameter_once_in_backward_order():

@@ -72,6 +72,9 @@ class Communicator:
     def unpack(self, view: np.ndarray, shape: tuple[int, ...], device) -> NDArray:
         return NDArray(view.reshape(shape), device=device)
 
+    def all_finite(self, buf: np.ndarray) -> bool:
+        return bool(np.isfinite(buf).all())
+
     def barrier(self) -> None:
         self.comm.Barrier()
 
@@ -132,6 +135,9 @@ class NcclCommunicator:
         out = NDArray.make(tuple(shape), device=device)
         self._view(out)[...] = view.reshape(shape)
         return out
+
+    def all_finite(self, buf: Any) -> bool:
+        return bool(self.cupy.isfinite(buf).all())
 
     def _view(self, array: NDArray) -> Any:
         """A CuPy array over a needle CUDA array's memory (no copy)."""

@@ -130,12 +130,34 @@ class DataParallel(Module):
                 else:
                     self.comm.pack(param.grad.realize_cached_data(), view, scale)
             requests.append(self.comm.iallreduce_sum_(buffer))
-        for bucket, buffer, request in zip(self._buckets, self._buffers, requests, strict=True):
+        for request in requests:
             request.Wait()
+        self._check_finite()
+        for bucket, buffer in zip(self._buckets, self._buffers, strict=True):
             for param, offset in zip(bucket.params, bucket.offsets, strict=True):
                 view = buffer[offset : offset + _numel(param)]
                 grad = self.comm.unpack(view, param.shape, param.device)
                 param.grad = ndl.Tensor(grad, requires_grad=False)
+
+    def _check_finite(self) -> None:
+        """Refuse summed gradients with NaN or inf before they reach any parameter.
+
+        Every rank holds the same sums, so every rank raises together and the
+        replicas stay identical (and unchanged) either way.
+        """
+        if all(self.comm.all_finite(buffer) for buffer in self._buffers):
+            return
+        index = {id(p): i for i, p in enumerate(self.module.parameters())}
+        bad = [
+            index[id(param)]
+            for bucket, buffer in zip(self._buckets, self._buffers, strict=True)
+            for param, offset in zip(bucket.params, bucket.offsets, strict=True)
+            if not self.comm.all_finite(buffer[offset : offset + _numel(param)])
+        ]
+        raise FloatingPointError(
+            f"non-finite gradients (NaN or inf on some rank) for parameters {sorted(bad)} "
+            "(indices into parameters()); gradients and weights left unchanged"
+        )
 
     def _check_same_architecture(self, params: list[Parameter]) -> None:
         """Fail on every rank, naming the difference, if the replicas' parameters differ."""

@@ -4,6 +4,7 @@ With "offload", every matmul (forward and backward) goes through needle.remote's
 policy to its in-process executor, the path that remote jobs take.
 """
 import contextlib
+import json
 import sys
 
 import numpy as np
@@ -40,11 +41,27 @@ with open(f"{outdir}/offloaded{comm.rank}.txt", "w") as f:
     f.write(str(executor.calls))
 np.savez(f"{outdir}/rank{comm.rank}.npz", *[p.numpy() for p in model.parameters()])
 
-# Replicas that differ must be refused on every rank, not deadlock.
-try:
-    DataParallel(nn.Linear(3, 3 + comm.rank, device=device), comm)
-    message = "accepted"
-except ValueError as err:
-    message = str(err)
-with open(f"{outdir}/mismatch{comm.rank}.txt", "w") as f:
-    f.write(message)
+# Bad input is refused on every rank with a message naming it, and nothing hangs.
+def nan_on_rank_1():
+    x, y = make_batches(1, 4)[0]
+    if comm.rank == 1:
+        x[:, 0] = np.nan
+    opt.reset_grad()
+    model.backward(loss_fn(model(ndl.Tensor(x, device=device)), ndl.Tensor(y, device=device)))
+
+
+refusals = {}
+for name, attempt in {
+    "replicas": lambda: DataParallel(nn.Linear(3, 3 + comm.rank, device=device), comm),
+    "shard": lambda: model.shard(np.zeros((1, 3))),
+    "fraction": lambda: model.local_fraction(1),
+    "weight": lambda: model.sync_gradients(local_fraction=1.5),
+    "nan": nan_on_rank_1,
+}.items():
+    try:
+        attempt()
+        refusals[name] = "accepted"
+    except (ValueError, FloatingPointError) as err:
+        refusals[name] = str(err)
+with open(f"{outdir}/refusals{comm.rank}.json", "w") as f:
+    json.dump(refusals, f)
