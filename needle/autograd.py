@@ -103,16 +103,21 @@ class Value:
 
     @classmethod
     def make_from_op(cls, op: Op, inputs):
+        """The node op(*inputs); its graph edges are kept only if a gradient can flow."""
         value = cls.__new__(cls)
-        if not _grad_enabled:
-            value._init(None, (), requires_grad=False)
-            value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
+        value.grad = None
+        requires_grad = False
+        if _grad_enabled:
+            for x in inputs:
+                if x.requires_grad:
+                    requires_grad = True
+                    break
+        value.requires_grad = requires_grad
+        if LAZY_MODE and _grad_enabled:
+            value.op, value.inputs, value.cached_data = op, tuple(inputs), None
             return value
-        value._init(op, inputs)
-        if not LAZY_MODE:
-            value.cached_data = op.compute(*[x.cached_data for x in value.inputs])
-            if not value.requires_grad:  # nothing will flow back: drop the graph
-                value.op, value.inputs = None, ()
+        value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
+        value.op, value.inputs = (op, tuple(inputs)) if requires_grad else (None, ())
         return value
 
 
@@ -123,9 +128,7 @@ class TensorTuple(Value):
         return len(self.realize_cached_data())
 
     def __getitem__(self, index: int) -> Tensor:
-        from .ops import tuple_get_item
-
-        return tuple_get_item(self, index)
+        return ops.tuple_get_item(self, index)
 
     def tuple(self) -> tuple[Tensor, ...]:
         return tuple(self[i] for i in range(len(self)))
@@ -137,11 +140,9 @@ class TensorTuple(Value):
         return f"needle.TensorTuple{self.tuple()!r}"
 
     def __add__(self, other: TensorTuple) -> TensorTuple:
-        from .ops import make_tuple
-
         if len(self) != len(other):
             raise ValueError(f"cannot add tuples of {len(self)} and {len(other)} tensors")
-        return make_tuple(*[a + b for a, b in zip(self, other, strict=True)])
+        return ops.make_tuple(*[a + b for a, b in zip(self, other, strict=True)])
 
     def detach(self) -> TensorTuple:
         return TensorTuple.make_const(self.realize_cached_data())
@@ -235,27 +236,19 @@ class Tensor(Value):
 
     # ------------------------------------------------------------------ operators
     def __add__(self, other) -> Tensor:
-        from . import ops
-
         return ops.add(self, other) if isinstance(other, Tensor) else ops.add_scalar(self, other)
 
     __radd__ = __add__
 
     def __sub__(self, other) -> Tensor:
-        from . import ops
-
         if isinstance(other, Tensor):
             return ops.add(self, ops.negate(other))
         return ops.add_scalar(self, -other)
 
     def __rsub__(self, other) -> Tensor:
-        from . import ops
-
         return ops.add_scalar(ops.negate(self), other)
 
     def __mul__(self, other) -> Tensor:
-        from . import ops
-
         if isinstance(other, Tensor):
             return ops.multiply(self, other)
         return ops.mul_scalar(self, other)
@@ -263,37 +256,25 @@ class Tensor(Value):
     __rmul__ = __mul__
 
     def __truediv__(self, other) -> Tensor:
-        from . import ops
-
         if isinstance(other, Tensor):
             return ops.divide(self, other)
         return ops.divide_scalar(self, other)
 
     def __rtruediv__(self, other) -> Tensor:
-        from . import ops
-
         return ops.mul_scalar(ops.power_scalar(self, -1), other)
 
     def __pow__(self, other) -> Tensor:
-        from . import ops
-
         if isinstance(other, Tensor):
             return ops.power(self, other)
         return ops.power_scalar(self, other)
 
     def __neg__(self) -> Tensor:
-        from . import ops
-
         return ops.negate(self)
 
     def __matmul__(self, other: Tensor) -> Tensor:
-        from . import ops
-
         return ops.matmul(self, other)
 
     def __getitem__(self, idxs) -> Tensor:
-        from . import ops
-
         return ops.getitem(self, idxs)
 
     def _compare(self, other, fn) -> Tensor:
@@ -321,30 +302,20 @@ class Tensor(Value):
 
     # ------------------------------------------------------------------ shape methods
     def sum(self, axes=None, keepdims: bool = False) -> Tensor:
-        from . import ops
-
         return ops.summation(self, axes, keepdims)
 
     def max(self, axes=None, keepdims: bool = False) -> Tensor:
-        from . import ops
-
         return ops.max(self, axes, keepdims)
 
     def reshape(self, *shape) -> Tensor:
-        from . import ops
-
         if len(shape) == 1 and not isinstance(shape[0], int):
             shape = shape[0]
         return ops.reshape(self, tuple(shape))
 
     def transpose(self, axes=None) -> Tensor:
-        from . import ops
-
         return ops.transpose(self, axes)
 
     def broadcast_to(self, shape) -> Tensor:
-        from . import ops
-
         return ops.broadcast_to(self, shape)
 
 
@@ -354,8 +325,6 @@ def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
     Adjoints of single tuple entries (tuple_get_item) are collected per entry and
     turned into one tuple adjoint, so using all n parts of a split costs O(n), not O(n^2).
     """
-    from .ops.ops_tuple import TupleGetItem
-
     grads: dict[Value, list[Value]] = {output: [out_grad]}
     entries: dict[Value, dict[int, Value]] = {}
     with no_grad():
@@ -372,7 +341,7 @@ def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
                 node.grad = adjoint
             if node.op is None:
                 continue
-            if isinstance(node.op, TupleGetItem):
+            if isinstance(node.op, ops.ops_tuple.TupleGetItem):
                 parts = entries.setdefault(node.inputs[0], {})
                 index = node.op.index
                 parts[index] = adjoint + parts[index] if index in parts else adjoint
@@ -386,10 +355,8 @@ def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
 
 def _tuple_adjoint(node: Value, parts: dict[int, Value]) -> TensorTuple:
     """The adjoint of a tuple from the adjoints of some of its entries (zeros elsewhere)."""
-    from .ops import make_tuple
-
     values = node.realize_cached_data()
-    return make_tuple(
+    return ops.make_tuple(
         *[
             parts[i] if i in parts else Tensor.make_const(v.device.zeros(v.shape))
             for i, v in enumerate(values)
@@ -414,3 +381,7 @@ def find_topo_sort(nodes: Iterable[Value]) -> list[Value]:
             stack.append((node, True))
             stack.extend((x, False) for x in reversed(node.inputs) if id(x) not in visited)
     return order
+
+
+# ops build on the classes above, and the Tensor operators call ops: import it last.
+from . import ops  # noqa: E402

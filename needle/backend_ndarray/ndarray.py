@@ -181,6 +181,19 @@ def _normalize_axes(axes, ndim: int, what: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _fresh(shape: Shape, device: BackendDevice) -> NDArray:
+    """A new compact array with its own (uninitialised) buffer: the hot path of every op."""
+    array = object.__new__(NDArray)
+    array._shape = shape
+    array._strides = _compact_strides(shape)
+    array._offset = 0
+    array._device = device
+    array._handle = device.Array(math.prod(shape))
+    array._writes = [0]
+    array._compacted = None
+    return array
+
+
 class NDArray:
     """A float32 strided array on a device."""
 
@@ -216,20 +229,22 @@ class NDArray:
         dtype: str = "float32",
     ) -> NDArray:
         """A new array over `handle` (or a fresh buffer) without copying."""
+        device = default_device() if device is None else device
+        if handle is None:
+            if dtype != "float32":
+                _check_dtype(dtype)
+            array = _fresh(shape, device)
+            if strides is not None:
+                array._strides = strides
+            return array
         array = object.__new__(NDArray)
         array._shape = shape
         array._strides = _compact_strides(shape) if strides is None else strides
         array._offset = offset
-        array._device = default_device() if device is None else device
-        array._compacted = None
-        if handle is None:
-            if dtype != "float32":
-                _check_dtype(dtype)
-            handle = array._device.Array(math.prod(shape))
-            array._writes = [0]
-        else:  # an alias made outside NDArray's own views: writes to it cannot be tracked
-            array._writes = None
+        array._device = device
         array._handle = handle
+        array._writes = None  # an alias made outside NDArray's views: its writes are not tracked
+        array._compacted = None
         return array
 
     def _view(self, shape: Shape, strides: Shape | None, offset: int) -> NDArray:
@@ -328,7 +343,7 @@ class NDArray:
             writes, out, out_writes = cached
             if writes == self._writes[0] and out_writes == out._writes[0]:
                 return out
-        out = NDArray.make(self._shape, device=self._device)
+        out = _fresh(self._shape, self._device)
         if out.size:
             self._device.compact(
                 self._handle, out._handle, self._shape, self._strides, self._offset
@@ -454,7 +469,7 @@ class NDArray:
 
     # ------------------------------------------------------------------ elementwise
     def _binary(self, other, ewise, scalar, name: str) -> NDArray:
-        out = NDArray.make(self._shape, device=self._device)
+        out = _fresh(self._shape, self._device)
         if isinstance(other, NDArray):
             if other._shape != self._shape:
                 raise ValueError(f"{name}: shapes {self._shape} and {other._shape} differ")
@@ -466,7 +481,7 @@ class NDArray:
         return out
 
     def _unary(self, fn) -> NDArray:
-        out = NDArray.make(self._shape, device=self._device)
+        out = _fresh(self._shape, self._device)
         fn(self.compact()._handle, out._handle)
         return out
 
@@ -565,7 +580,7 @@ class NDArray:
 
     def _matmul_2d(self, other: NDArray) -> NDArray:
         (m, n), p = self._shape, other._shape[1]
-        out = NDArray.make((m, p), device=self._device)
+        out = _fresh((m, p), self._device)
         if m * p == 0:
             return out
         if n == 0:
@@ -580,16 +595,18 @@ class NDArray:
         kept = tuple(i for i in range(self.ndim) if i not in axes)
         out_shape = tuple(self._shape[i] for i in kept)
         reduce_size = math.prod(self._shape[i] for i in axes)
-        out = NDArray.make(out_shape, device=self._device)
+        out = _fresh(out_shape, self._device)
         if reduce_size == 0:
             if name == "max":
                 raise ValueError(f"max of an empty axis in shape {self._shape}")
             out.fill(0.0)
         elif out.size:
-            view = self.permute(kept + tuple(sorted(axes))).compact()
-            fn(view._handle, out._handle, reduce_size)
+            order = kept + tuple(sorted(axes))
+            view = self if order == tuple(range(self.ndim)) else self.permute(order)
+            fn(view.compact()._handle, out._handle, reduce_size)
         if keepdims:
-            out = out.reshape(tuple(1 if i in axes else d for i, d in enumerate(self._shape)))
+            kept_shape = tuple(1 if i in axes else d for i, d in enumerate(self._shape))
+            out = out._view(kept_shape, None, 0)
         return out
 
     def sum(self, axis=None, keepdims: bool = False) -> NDArray:
