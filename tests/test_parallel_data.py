@@ -7,7 +7,7 @@ from parallel_scripts.common import make_model, train_reference
 from parallel_scripts.mpi_run import LAUNCHER, run_mpi
 
 import needle as ndl
-from needle.parallel import nccl_available, plan_buckets
+from needle.parallel import launch_command, nccl_available, plan_buckets
 
 STEPS = 3
 TWO_GPUS = pytest.mark.skipif(
@@ -75,3 +75,8 @@ def test_buckets_cover_every_parameter_once_in_backward_order():
 def test_bucket_size_must_be_positive():
     with pytest.raises(ValueError, match="bucket size must be positive"):
         plan_buckets(make_model(seed=0).parameters(), bucket_bytes=0)
+
+
+def test_launcher_refuses_zero_processes():
+    with pytest.raises(ValueError, match="number of processes must be at least 1, got 0"):
+        launch_command(0, "train.py", [])

@@ -2,9 +2,10 @@
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
-from needle.parallel import find_launcher, launch_command
+from needle.parallel import find_launcher
 
 SCRIPTS = Path(__file__).resolve().parent
 LAUNCHER = find_launcher()
@@ -12,8 +13,10 @@ TIMEOUT_S = 90
 
 
 def run_mpi(script: str, *args, nprocs: int = 2) -> None:
-    """Run `script` on `nprocs` ranks; fail with its output if it errors or hangs."""
-    cmd = launch_command(nprocs, str(SCRIPTS / script), [str(a) for a in args])
+    """Run `script` on `nprocs` ranks through needle's launcher CLI; fail with its output if it
+    errors or hangs (the whole process group is killed then)."""
+    cmd = [sys.executable, "-m", "needle.parallel.launch", "-n", str(nprocs), str(SCRIPTS / script)]
+    cmd += [str(a) for a in args]
     proc = subprocess.Popen(
         cmd, cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
