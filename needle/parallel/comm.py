@@ -35,10 +35,6 @@ class Communicator:
     def size(self) -> int:
         return self.comm.Get_size()
 
-    def allreduce_sum_(self, buf: np.ndarray) -> None:
-        """Sum `buf` over all ranks, in place."""
-        self.comm.Allreduce(self._mpi.IN_PLACE, _contiguous(buf), op=self._mpi.SUM)
-
     def iallreduce_sum_(self, buf: np.ndarray) -> Any:
         """Start summing `buf` over all ranks in place; returns a request with `.Wait()`."""
         return self.comm.Iallreduce(self._mpi.IN_PLACE, _contiguous(buf), op=self._mpi.SUM)
@@ -95,7 +91,12 @@ class NcclCommunicator:
 
         self.host = host if host is not None else Communicator()
         self.cupy, self.nccl = cupy, nccl
-        cupy.cuda.Device(self.host.rank % cupy.cuda.runtime.getDeviceCount()).use()
+        visible = cupy.cuda.runtime.getDeviceCount()
+        if self.host.size > 1 and visible != 1:
+            raise RuntimeError(
+                f"rank {self.host.rank} sees {visible} GPUs; needle's CUDA backend uses the "
+                "first, so pin one GPU per rank with select_gpu_for_rank() before using CUDA"
+            )
         uid = nccl.get_unique_id() if self.host.rank == 0 else None
         uid = self.host.comm.bcast(uid, root=0)
         self.comm = nccl.NcclCommunicator(self.host.size, uid, self.host.rank)
@@ -113,10 +114,6 @@ class NcclCommunicator:
 
     def allgather_objects(self, obj: Any) -> list:
         return self.host.allgather_objects(obj)
-
-    def barrier(self) -> None:
-        self.cupy.cuda.Stream.null.synchronize()
-        self.host.barrier()
 
     def iallreduce_sum_(self, buf: Any) -> Any:
         """Enqueue an in-place sum of a float32 CuPy array; ordered before later kernels."""
@@ -157,8 +154,9 @@ class _StreamOrdered:
 def select_gpu_for_rank() -> int:
     """Pin this process to one GPU (its rank on the node) before any CUDA work starts.
 
-    Reads the launcher's environment (MPICH/Hydra or Open MPI), so call it before
-    `import needle` touches the GPU; returns the local rank.
+    Reads the launcher's environment (MPICH/Hydra or Open MPI) and narrows
+    CUDA_VISIBLE_DEVICES to one GPU, so call it before the first `ndl.cuda()`;
+    returns the local rank.
     """
     local_rank = int(
         os.environ.get("MPI_LOCALRANKID")
