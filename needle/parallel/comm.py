@@ -58,6 +58,9 @@ class Communicator:
     def allgather_objects(self, obj: Any) -> list:
         return self.comm.allgather(obj)
 
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.comm.bcast(obj, root=root)
+
     # Gradient buckets live in host memory: packing copies each gradient out of its device.
     def zeros(self, n: int) -> np.ndarray:
         return np.zeros(n, dtype=np.float32)
@@ -98,7 +101,7 @@ class NcclCommunicator:
                 "first, so pin one GPU per rank with select_gpu_for_rank() before using CUDA"
             )
         uid = nccl.get_unique_id() if self.host.rank == 0 else None
-        uid = self.host.comm.bcast(uid, root=0)
+        uid = self.host.broadcast_object(uid, root=0)
         self.comm = nccl.NcclCommunicator(self.host.size, uid, self.host.rank)
 
     @property

@@ -111,14 +111,14 @@ class Pipeline:
         last = len(self.stages) - 1
         inputs: dict[tuple[int, int], Tensor] = {}
         outputs: dict[tuple[int, int], Tensor] = {}
-        grads: dict[Parameter, Tensor] = {}
+        grads: dict[int, Tensor] = {}  # by id(parameter): Tensor's == builds a graph node
         loss = 0.0
         for tick in self.schedule:
             for phase, s, m in tick:
                 if s not in self.local:
                     continue
                 if phase == "F":
-                    source = xs[m] if s == 0 else self._receive(s - 1, s, m, outputs, "F")
+                    source = xs[m] if s == 0 else self._receive(s - 1, m, outputs, "F")
                     inputs[s, m] = Tensor(source, device=self.devices[s], requires_grad=s > 0)
                     out = self.stages[s](inputs[s, m])
                     if s == last:
@@ -126,7 +126,7 @@ class Pipeline:
                         out = loss_fn(out, target) * (len(ys[m]) / len(y))
                         loss += out.numpy().item()
                     outputs[s, m] = out
-                    self._send(s, s + 1, m, out, "F")
+                    self._send(s + 1, m, out, "F")
                 else:
                     params = self.stages[s].parameters()
                     for p in params:
@@ -134,27 +134,27 @@ class Pipeline:
                     if s == last:
                         outputs[s, m].backward()
                     else:
-                        grad = self._receive(s + 1, s, m, inputs, "B")
+                        grad = self._receive(s + 1, m, inputs, "B")
                         outputs[s, m].backward(Tensor(grad, device=self.devices[s]))
                     for p in params:
                         if p.grad is not None:
                             g = p.grad.detach()
-                            grads[p] = g if p not in grads else grads[p] + g
+                            grads[id(p)] = g if id(p) not in grads else grads[id(p)] + g
                     if s > 0:
-                        self._send(s, s - 1, m, inputs[s, m].grad, "B")
+                        self._send(s - 1, m, inputs[s, m].grad, "B")
         for p in self.parameters():
-            p.grad = grads.get(p)
+            p.grad = grads.get(id(p))
         if self.comm is not None:
-            loss = self.comm.comm.bcast(loss, root=self.comm.size - 1)
+            loss = self.comm.broadcast_object(loss, root=self.comm.size - 1)
         return loss
 
-    def _send(self, src: int, dst: int, m: int, tensor: Tensor, phase: str) -> None:
+    def _send(self, dst: int, m: int, tensor: Tensor, phase: str) -> None:
         """Hand a boundary tensor to stage `dst`; a no-op in one process (it reads `outputs`)."""
         if self.comm is None or not 0 <= dst < len(self.stages):
             return
         self.comm.send(tensor.numpy(), dest=dst, tag=self._tag(m, phase))
 
-    def _receive(self, src: int, dst: int, m: int, local: dict, phase: str):
+    def _receive(self, src: int, m: int, local: dict, phase: str):
         """The boundary tensor stage `src` produced for micro-batch m (activation or gradient)."""
         if self.comm is None:
             value = local[src, m]
