@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import needle as ndl
 from needle.autograd import Tensor, TensorOp
 from needle.nn import Module
 
@@ -19,9 +18,7 @@ class ToDevice(TensorOp):
         self.device = device
 
     def compute(self, a):
-        if a.device == self.device:
-            return a
-        return ndl.NDArray(a.numpy(), device=self.device)
+        return a.to(self.device)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return to_device(out_grad, node.inputs[0].device)
@@ -35,7 +32,7 @@ def place(module: Module, device) -> Module:
     """Move every tensor a module holds (parameters and buffers such as running means)."""
     for _, tensor in module.named_tensors():
         if tensor.device != device:
-            tensor.data = Tensor(tensor.numpy(), device=device, dtype=tensor.dtype)
+            tensor.data = Tensor(tensor, device=device)
     return module
 
 
