@@ -263,3 +263,17 @@ def test_compact_copy_is_cached_until_a_write(device):
     view[2] = 0.0
     x[:, 2] = 0.0
     np.testing.assert_array_equal(other_view.compact().numpy(), x[1:].T)
+
+
+def test_allow_tf32_uses_the_tensor_core_path_only_where_it_exists(device):
+    x = RNG.standard_normal((64, 96)).astype(np.float32)
+    y = RNG.standard_normal((96, 32)).astype(np.float32)
+    a, b = nd(x, device), nd(y, device)
+    exact = (a @ b).numpy()
+    with ndl.backend_ndarray.allow_tf32():
+        fast = (a @ b).numpy()
+    reference = x.astype(np.float64) @ y
+    if hasattr(device.mod, "matmul_tf32"):  # 10-bit mantissa inputs: about 1e-3 relative
+        np.testing.assert_allclose(fast, reference, rtol=0, atol=5e-3 * np.abs(reference).max())
+    else:
+        np.testing.assert_array_equal(fast, exact)

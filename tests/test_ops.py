@@ -273,3 +273,35 @@ def test_tuple_used_whole_and_by_entries(device):
     expected = w.copy()
     expected[1] += 3.0
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
+
+
+def test_scatter_into_zeros(device):
+    def ref(x):
+        out = np.zeros((4, 6))
+        out[1:4:2, ::3] = x
+        return out
+
+    check_op(
+        device,
+        lambda a: ops.scatter_into_zeros(a, (4, 6), (slice(1, 4, 2), slice(None, None, 3))),
+        ref,
+        [randn(2, 2)],
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_broadcast_reduce_chains(device, seed):
+    """Random shapes: broadcast a to a random larger shape, combine with b, reduce random axes."""
+    rng = np.random.default_rng(100 + seed)
+    ndim = int(rng.integers(1, 5))
+    full = tuple(int(d) for d in rng.integers(1, 5, size=ndim))
+    small = tuple(1 if rng.random() < 0.5 else d for d in full)[int(rng.integers(0, ndim)) :]
+    axes = tuple(int(i) for i in np.flatnonzero(rng.random(ndim) < 0.5)) or None
+
+    def fn(a, b):
+        return ops.summation(ops.broadcast_to(a, full) * b + b, axes)
+
+    def ref(a, b):
+        return np.sum(np.broadcast_to(a, full) * b + b, axis=axes)
+
+    check_op(device, fn, ref, [rng.standard_normal(small), rng.standard_normal(full)])

@@ -7,10 +7,11 @@ on compact buffers. Inputs are validated here so a backend never sees a bad size
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -144,6 +145,23 @@ def _load(name: str) -> BackendDevice:
                 mod = None
         device = _LOADED[name] = BackendDevice(name, mod)
     return device
+
+
+_tf32 = False
+
+
+@contextlib.contextmanager
+def allow_tf32(enabled: bool = True) -> Iterator[None]:
+    """Inside this block, matmuls on devices with a TF32 tensor-core path (cuda) use it.
+
+    TF32 rounds the inputs to a 10-bit mantissa (float32 accumulation): faster, less exact.
+    """
+    global _tf32
+    previous, _tf32 = _tf32, enabled
+    try:
+        yield
+    finally:
+        _tf32 = previous
 
 
 def _check_dtype(dtype) -> None:
@@ -586,7 +604,9 @@ class NDArray:
         if n == 0:
             out.fill(0.0)
             return out
-        self._device.matmul(self.compact()._handle, other.compact()._handle, out._handle, m, n, p)
+        device = self._device
+        matmul = device.__dict__.get("matmul_tf32", device.matmul) if _tf32 else device.matmul
+        matmul(self.compact()._handle, other.compact()._handle, out._handle, m, n, p)
         return out
 
     # ------------------------------------------------------------------ reductions

@@ -31,9 +31,16 @@ class Array:
 
 
 def _strided(a: Array, shape, strides, offset: int) -> np.ndarray:
-    """The strided view (shape, strides, offset) of a's buffer, without copying."""
-    return np.lib.stride_tricks.as_strided(
-        a.array[offset:], tuple(shape), tuple(s * _ITEMSIZE for s in strides)
+    """The strided view (shape, strides, offset) of a's buffer, without copying.
+
+    numpy checks that the view stays inside the buffer (ValueError otherwise).
+    """
+    return np.ndarray(
+        tuple(shape),
+        np.float32,
+        a.array,
+        offset * _ITEMSIZE,
+        tuple(s * _ITEMSIZE for s in strides),
     )
 
 
