@@ -249,8 +249,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None, stream: TextIO = sys.stderr) -> list[dict[str, float]]:
+def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
+    """Train as the command line says; progress goes to stream (default stderr)."""
     args = parse_args(argv)
+    stream = stream or sys.stderr
     np.random.seed(args.seed)
     device = DEVICES[args.device]()
     if not device.enabled():

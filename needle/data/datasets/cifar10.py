@@ -8,13 +8,14 @@ from ..data_basic import Dataset
 
 _TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 _TEST = ["test_batch"]
+_NUMPY_NAMES = ("_reconstruct", "ndarray", "dtype", "scalar")  # what a pickled array needs
 
 
 class _ArraysOnly(pickle.Unpickler):
     """Unpickles dicts, lists and numpy arrays and nothing else: a batch file cannot run code."""
 
     def find_class(self, module, name):
-        if module.split(".")[0] == "numpy" and name in ("_reconstruct", "ndarray", "dtype"):
+        if module.split(".")[0] == "numpy" and name in _NUMPY_NAMES:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"CIFAR-10 batch refers to {module}.{name}; not allowed")
 

@@ -1,0 +1,105 @@
+"""Real-data training on the `cpu` backend: scikit-learn's bundled 8x8 digits and a small
+English text (scikit-learn's bundled dataset descriptions). Accuracies and losses only."""
+import csv
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+import sklearn
+from threadpoolctl import threadpool_limits
+
+import needle as ndl
+from needle import data, models, nn, optim
+from needle.train import load_digits, main, run_epoch, run_lm_epoch
+
+CPU = ndl.cpu()
+
+
+@pytest.fixture(autouse=True)
+def one_openmp_thread():
+    """The C++ backend's OpenMP loops spin-wait for their threads; on 2 cores shared with other
+    test processes that makes each parallel op take milliseconds. One thread keeps these
+    trainings (the same arithmetic) to seconds."""
+    with threadpool_limits(limits=1, user_api="openmp"):
+        yield
+
+
+def digits_loaders(flat: bool):
+    X_train, y_train, X_test, y_test = load_digits(seed=0)
+    if flat:
+        X_train, X_test = X_train.reshape(len(X_train), -1), X_test.reshape(len(X_test), -1)
+    train = data.DataLoader(data.ArrayDataset(X_train, y_train), 64, shuffle=True, seed=0,
+                            device=CPU)
+    test = data.DataLoader(data.ArrayDataset(X_test, y_test), 256, device=CPU)
+    return train, test
+
+
+@pytest.mark.parametrize("name, build, epochs", [
+    ("mlp", lambda: models.MLP(64, (128,), 10, device=CPU), 6),
+    ("small-resnet", lambda: models.SmallResNet(1, 10, width=16, device=CPU), 5),
+])
+def test_digits_reach_95_percent_test_accuracy(name, build, epochs):
+    np.random.seed(0)
+    train, test = digits_loaders(flat=name == "mlp")
+    model = build()
+    opt = optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(epochs):
+        run_epoch(model, train, nn.SoftmaxLoss(), opt)
+    result = run_epoch(model, test, nn.SoftmaxLoss())
+    assert result["acc"] >= 0.95, f"{name} test accuracy {result['acc']:.3f}"
+
+
+def test_transformer_lm_loss_drops_below_unigram_entropy(tmp_path):
+    descr = os.path.join(os.path.dirname(sklearn.__file__), "datasets", "descr", "*.rst")
+    lines = [line for f in sorted(glob.glob(descr)) for line in open(f).read().splitlines()
+             if line.strip()]
+    (tmp_path / "train.txt").write_text("\n".join(lines[:200]))
+    (tmp_path / "test.txt").write_text("\n".join(lines[200:220]))
+    corpus = data.Corpus(str(tmp_path))
+    counts = np.bincount(corpus.train)
+    p = counts[counts > 0] / counts.sum()
+    unigram_entropy = float(-(p * np.log(p)).sum())  # the best loss without context, in nats
+    assert unigram_entropy > 5.0  # a real text: hundreds of distinct words
+
+    np.random.seed(0)
+    rows = data.batchify(corpus.train, 16)
+    model = models.LanguageModel(32, len(corpus.dictionary), 64, num_layers=2,
+                                 seq_model="transformer", seq_len=16, num_head=4, dim_head=8,
+                                 device=CPU)
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(6):
+        run_lm_epoch(model, rows, 16, opt, clip=1.0, device=CPU)
+    loss = run_lm_epoch(model, rows, 16, device=CPU)["loss"]
+    assert loss < 0.5 * unigram_entropy, f"loss {loss:.3f}, unigram entropy {unigram_entropy:.3f}"
+
+
+def test_cli_trains_logs_plots_checkpoints_and_resumes(tmp_path, capsys):
+    log_csv, log_json = str(tmp_path / "m.csv"), str(tmp_path / "m.json")
+    plot, ckpt = str(tmp_path / "curves.png"), str(tmp_path / "mlp.npz")
+    args = ["--data", "digits", "--model", "mlp", "--epochs", "2", "--lr", "3e-3",
+            "--schedule", "cosine", "--clip", "5"]
+    history = main(args + ["--log", log_csv, "--plot", plot, "--save", ckpt])
+    assert [row["epoch"] for row in history] == [1, 2]
+    with open(log_csv) as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[1]["test_acc"]) == pytest.approx(history[1]["test_acc"])
+    assert float(rows[0]["lr"]) == pytest.approx(3e-3)  # cosine: the lr of epoch 1
+    with open(plot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    progress = capsys.readouterr().err
+    assert "epoch 2/2 train [" in progress and "samples/s" in progress and "acc" in progress
+
+    resumed = main(args[:-6] + ["--epochs", "1", "--resume", ckpt, "--log", log_json])
+    with open(log_json) as f:
+        assert json.load(f) == resumed
+    # the resumed model starts where the checkpoint left off, far better than from scratch
+    assert resumed[0]["train_loss"] < history[0]["train_loss"]
+
+
+def test_cli_rejects_bad_combinations():
+    with pytest.raises(SystemExit, match="--model lstm or transformer with --data ptb"):
+        main(["--data", "digits", "--model", "lstm"])
+    with pytest.raises(ValueError, match="needs --data-dir"):
+        main(["--data", "mnist", "--model", "mlp"])
