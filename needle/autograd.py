@@ -32,10 +32,6 @@ def no_grad() -> Iterator[None]:
         _grad_enabled = previous
 
 
-def is_grad_enabled() -> bool:
-    return _grad_enabled
-
-
 class Op:
     """An operator: compute() on NDArrays, gradient() on Tensors."""
 
@@ -76,9 +72,7 @@ class Value:
     cached_data: object
     requires_grad: bool
 
-    def _init(self, op, inputs, *, cached_data=None, requires_grad: bool | None = None) -> None:
-        if requires_grad is None:
-            requires_grad = any(x.requires_grad for x in inputs)
+    def _init(self, op, inputs, *, cached_data, requires_grad: bool) -> None:
         self.op = op
         self.inputs = tuple(inputs)
         self.cached_data = cached_data
@@ -171,7 +165,7 @@ class Tensor(Value):
             data = NDArray(np.asarray(array), device=device, dtype=dtype or "float32")
         self._init(None, (), cached_data=data, requires_grad=requires_grad)
 
-    def _init(self, op, inputs, *, cached_data=None, requires_grad=None) -> None:
+    def _init(self, op, inputs, *, cached_data, requires_grad: bool) -> None:
         super()._init(op, inputs, cached_data=cached_data, requires_grad=requires_grad)
         self.grad = None
 
@@ -222,6 +216,7 @@ class Tensor(Value):
         return str(self.realize_cached_data())
 
     __hash__ = object.__hash__
+    __array_ufunc__ = None  # numpy scalars on the left defer to Tensor's reflected operators
 
     # ------------------------------------------------------------------ autodiff
     def backward(self, out_grad: Tensor | None = None) -> None:
@@ -322,6 +317,8 @@ class Tensor(Value):
 def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
     """Reverse-mode AD: sum each node's adjoint contributions, then push them to its inputs.
 
+    Like PyTorch, only leaves (tensors not produced by an op) keep .grad.
+
     Adjoints of single tuple entries (tuple_get_item) are collected per entry and
     turned into one tuple adjoint, so using all n parts of a split costs O(n), not O(n^2).
     """
@@ -337,9 +334,8 @@ def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
             adjoint = contributions[0]
             for grad in contributions[1:]:
                 adjoint = adjoint + grad
-            if isinstance(node, Tensor):
+            if node.op is None:  # a leaf: keep its gradient (inner adjoints are freed as we go)
                 node.grad = adjoint
-            if node.op is None:
                 continue
             if isinstance(node.op, ops.ops_tuple.TupleGetItem):
                 parts = entries.setdefault(node.inputs[0], {})

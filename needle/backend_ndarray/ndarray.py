@@ -555,6 +555,7 @@ class NDArray:
         return 1 - (self > other)
 
     __hash__ = None  # type: ignore[assignment]
+    __array_ufunc__ = None  # numpy scalars on the left defer to NDArray's reflected operators
 
     def log(self) -> NDArray:
         return self._unary(self._device.ewise_log)
