@@ -305,3 +305,9 @@ def test_random_broadcast_reduce_chains(device, seed):
         return np.sum(np.broadcast_to(a, full) * b + b, axis=axes)
 
     check_op(device, fn, ref, [rng.standard_normal(small), rng.standard_normal(full)])
+
+
+def test_relu_gradient_is_zero_at_and_below_zero(device):
+    x = ndl.Tensor(np.array([-1.0, 0.0, 1e-30, 2.0]), device=device)
+    ops.relu(x).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0, 1.0, 1.0])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
+
 from ..autograd import NDArray, Tensor, TensorOp
 from .ops_shape import _broadcast_grad, transpose
 
@@ -158,13 +160,17 @@ def exp(a: Tensor) -> Tensor:
     return Exp()(a)
 
 
+_SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+
+
 class ReLU(TensorOp):
     def compute(self, a: NDArray) -> NDArray:
         return a.maximum(0.0)
 
     def gradient(self, out_grad, node):
-        dead = node.realize_cached_data() == 0.0
-        return out_grad * Tensor.make_const(1.0 - dead)
+        # relu(a) > 0 as one comparison (subnormal outputs count as 0, as under flush-to-zero)
+        alive = node.realize_cached_data() >= _SMALLEST_NORMAL
+        return out_grad * Tensor.make_const(alive)
 
 
 def relu(a: Tensor) -> Tensor:
