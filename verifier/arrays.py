@@ -30,7 +30,8 @@ def as_array(xp: ModuleType, x, name: str):
 
 
 def products(xp: ModuleType, M, W, V, dtype):
-    """(M @ W, |M| @ V) evaluated in dtype, reading M once; V may be None.
+    """(M @ W, |M| @ V) evaluated in dtype, reading M once; V (a vector or a matrix) may
+    be None.
 
     On the host M is taken in row blocks small enough to stay in cache, so the absolute
     value and any conversion to dtype never make a full-size copy of M.
@@ -40,7 +41,7 @@ def products(xp: ModuleType, M, W, V, dtype):
         return Mx @ W, (None if V is None else xp.abs(Mx) @ V)
     rows, cols = M.shape
     signed = np.empty((rows, W.shape[1]), dtype)
-    absolute = None if V is None else np.empty((rows, V.shape[1]), dtype)
+    absolute = None if V is None else np.empty((rows, *V.shape[1:]), dtype)
     step = max(1, BLOCK_ELEMENTS // cols)
     buf = np.empty((min(step, rows), cols), dtype)
     for i in range(0, rows, step):

@@ -53,30 +53,34 @@ def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, int, str |
     return float(excess[row].max()), row, None
 
 
+def up(xp: ModuleType, x, dtype):
+    """x (float64) rounded upwards into dtype: one step past round-to-nearest."""
+    return xp.nextafter(x.astype(dtype), xp.asarray(np.inf, dtype))
+
+
 def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.float32):
     """(|C R - A (B R)| as computed, (m, rounds); tau, (m,)), both float64, evaluated in
     dtype; None when some computed quantity is not finite (NaN/Inf in, or overflow)."""
     m, k = A.shape
     n = B.shape[1]
     ue, tiny_e = float(np.finfo(dtype).eps) / 2, float(np.finfo(dtype).tiny)
-    R = xp.asarray(R, dtype=dtype)
-    X, s_hat = products(xp, B, R, xp.ones((n, 1), dtype), dtype)
-    Z, c_hat = products(xp, C, R, xp.ones((n, 1), dtype), dtype)
     g_n, g_k, eta_n, eta_k = gamma(n, ue), gamma(k, ue), 4 * n * tiny_e, 4 * k * tiny_e
-    s_up = (s_hat.astype(np.float64) + eta_n) / (1 - g_n)
-    s_e = xp.nextafter(s_up.astype(dtype), xp.asarray(np.inf, dtype))  # rounded upwards
-    Y, abs_a = products(xp, A, X, xp.concatenate([s_e, xp.ones((k, 1), dtype)], axis=1), dtype)
-    if not all(bool(xp.isfinite(v).all()) for v in (X, Z, Y, s_e, c_hat, abs_a)):
-        return None
-    t = (abs_a[:, 0].astype(np.float64) + eta_k) / (1 - g_k)
-    rho = (abs_a[:, 1].astype(np.float64) + eta_k) / (1 - g_k)
-    c = (c_hat[:, 0].astype(np.float64) + eta_n) / (1 - g_n)
-
     f = (1 + U_OUT) * (1 + gamma(k, U_ACC))
     u_in = U_IN[precision]
-    honest = ((f * (1 + u_in) ** 2 - 1) * t
-              + f * (1 + u_in) * TINY * (n * rho + float(s_up.sum()))
-              + n * (10 * k + 2) * TINY)
-    evaluation = g_n * c + (g_n + g_k * (1 + g_n)) * t + (1 + g_k) * eta_n * rho + eta_n + eta_k
-    tau = SAFETY * (honest + evaluation)
+    # tau_i = sum_l |A_il| (w_t s_l + w_rho) + g_n c_i + constant: H_i + delta_i regrouped
+    w_t = f * (1 + u_in) ** 2 - 1 + g_n + g_k * (1 + g_n)
+    w_rho = f * (1 + u_in) * TINY * n + (1 + g_k) * eta_n
+
+    R = xp.asarray(R, dtype=dtype)
+    X, s_hat = products(xp, B, R, xp.ones(n, dtype), dtype)
+    Z, c_hat = products(xp, C, R, xp.ones(n, dtype), dtype)
+    s = (s_hat.astype(np.float64) + eta_n) / (1 - g_n)  # upper bound on |B| 1
+    weights = up(xp, w_t * s + w_rho, dtype)
+    Y, a_hat = products(xp, A, X, weights, dtype)
+    if not all(bool(xp.isfinite(v).all()) for v in (X, Z, Y, weights, c_hat, a_hat)):
+        return None
+    a_term = (a_hat.astype(np.float64) + eta_k) / (1 - g_k)
+    c = (c_hat.astype(np.float64) + eta_n) / (1 - g_n)
+    constant = f * (1 + u_in) * TINY * float(s.sum()) + n * (10 * k + 2) * TINY + eta_n + eta_k
+    tau = SAFETY * (a_term + g_n * c + constant)
     return xp.abs(Z.astype(np.float64) - Y.astype(np.float64)), tau

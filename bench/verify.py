@@ -1,0 +1,164 @@
+"""Cost of a Freivalds check against the matmul it checks, measured in the same run.
+
+    python bench/verify.py                       # CPU (numpy), n = 512 .. 4096
+    python bench/verify.py --gpu --sizes 1024 2048 4096 8192   # CuPy / cuBLAS
+    python bench/verify.py --tables              # false-accept rates and bound tightness
+
+Exact mode runs with 1 round (false accept <= 1/p < 2^-60 <= 2^-40); float mode with the
+default rounds and with 1. The reference is the float32 product (numpy sgemm / cuBLAS);
+for exact mode numpy's integer matmul is also timed where it finishes in reasonable time.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+
+from verifier import DEFAULT_ROUNDS, verify
+from verifier.floating import residual_and_bound
+from verifier.rng import sign_vectors
+
+SEED = b"bench" * 7
+
+
+def best_time(fn, repeats: int, sync=lambda: None) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def timing_rows(n: int, xp, sync, int_matmul_limit: int) -> list[tuple[str, float, float]]:
+    """(what, seconds, reference seconds) for one size."""
+    rng = np.random.default_rng(n)
+    A = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    B = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    repeats = 3 if n <= 2048 or xp is not np else 2
+    C = A @ B
+    sgemm = best_time(lambda: A @ B, repeats, sync)
+    rows = [("float32 matmul (reference)", sgemm, sgemm)]
+    for rounds in (DEFAULT_ROUNDS["fp32"], 1):
+        assert verify(A, B, C, rounds=rounds, seed=SEED).passed
+        seconds = best_time(lambda r=rounds, C=C: verify(A, B, C, rounds=r, seed=SEED), repeats,
+                            sync)
+        rows.append((f"verify fp32, {rounds} rounds", seconds, sgemm))
+    Ai = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))
+    Bi = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))
+    Ci = (Ai.astype(np.float64) @ Bi.astype(np.float64)).astype(np.int32)  # exact: < 2^53
+    assert verify(Ai, Bi, Ci, precision="exact", seed=SEED).passed
+    seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED), repeats, sync)
+    rows.append(("verify exact int8->int32, 1 round", seconds, sgemm))
+    if n <= int_matmul_limit:
+        int_matmul = best_time(lambda: Ai.astype(np.int64) @ Bi.astype(np.int64), 1, sync)
+        rows.append(("  vs integer matmul of the same inputs", seconds, int_matmul))
+    return rows
+
+
+def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int) -> None:
+    if gpu:
+        import cupy as xp
+
+        def sync():
+            xp.cuda.Device().synchronize()
+        device = xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    else:
+        xp, device = np, f"{platform.processor() or platform.machine()} (numpy CPU)"
+
+        def sync():
+            pass
+    print(f"device: {device}")
+    print(f"{'n':>6}  {'what':38} {'seconds':>10} {'ref s':>10} {'ratio':>8}")
+    for n in sizes:
+        for what, seconds, reference in timing_rows(n, xp, sync, int_matmul_limit):
+            print(f"{n:>6}  {what:38} {seconds:10.5f} {reference:10.5f} "
+                  f"{100 * seconds / reference:7.2f}%")
+
+
+def false_accept_table(trials: int) -> None:
+    """Single-round acceptance of crafted wrong results, against the theoretical bound."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((8, 12), dtype=np.float32)
+    B = rng.standard_normal((12, 16), dtype=np.float32)
+    C = A @ B
+    _, tau = residual_and_bound(np, A, B, C, sign_vectors(SEED, 16, 1), "fp32")
+    x = np.float32(100 * tau.max())
+
+    def with_errors(entries):
+        wrong = C.copy()
+        for j, sign in entries:
+            wrong[3, j] += sign * x
+        return wrong
+
+    cases = [
+        ("fp32: e_1 - e_2 in one row", with_errors([(1, 1), (2, -1)]), 0.5, 0.5),
+        ("fp32: e_1 + e_2 + e_3 + e_4", with_errors([(j, 1) for j in range(4)]), 0.5, 6 / 16),
+        ("fp32: one entry", with_errors([(5, 1)]), 0.5, 0.0),
+        ("fp32: whole row +x (n = 16)", with_errors([(j, 1) for j in range(16)]), 0.5,
+         12870 / 65536),
+    ]
+    Ai = rng.integers(-128, 128, (8, 12), dtype=np.int8)
+    Bi = rng.integers(-128, 128, (12, 16), dtype=np.int8)
+    Ci = Ai.astype(np.int64) @ Bi
+    pair = Ci.copy()
+    pair[3, 1] += 1
+    pair[3, 2] -= 1
+    print(f"{'crafted error':32} {'trials':>7} {'accepted':>9} {'rate':>8} {'exact P':>9} "
+          f"{'bound':>9}")
+    for name, wrong, bound, exact_p in cases:
+        accepted = sum(verify(A, B, wrong, rounds=1, seed=i.to_bytes(4, "big")).passed
+                       for i in range(trials))
+        print(f"{name:32} {trials:7} {accepted:9} {accepted / trials:8.4f} {exact_p:9.4f} "
+              f"{bound:9.3g}")
+    accepted = sum(verify(Ai, Bi, pair, precision="exact", seed=i.to_bytes(4, "big")).passed
+                   for i in range(trials))
+    print(f"{'exact: e_1 - e_2 in one row':32} {trials:7} {accepted:9} {accepted / trials:8.4f} "
+          f"{2.0**-61:9.3g} {2.0**-61:9.3g}")
+
+
+def tightness_table() -> None:
+    """Bound vs the actual error of numpy's float32 product, per row, for random data."""
+    print(f"{'data':9} {'n':>5} {'tau/actual min':>15} {'median':>10} "
+          f"{'2tau/max|C_i|':>14} {'2tau/ulp(max|C_i|)':>19}")
+    for kind in ("normal", "positive"):
+        for n in (64, 256, 1024):
+            rng = np.random.default_rng(n)
+            make = rng.standard_normal if kind == "normal" else rng.random
+            A, B = make((n, n), dtype=np.float32), make((n, n), dtype=np.float32)
+            C = A @ B
+            R = sign_vectors(SEED, n, 16)
+            exact = A.astype(np.float64) @ B.astype(np.float64)
+            actual = np.abs((C.astype(np.float64) - exact) @ R).max(axis=1)
+            _, tau = residual_and_bound(np, A, B, C, R, "fp32")
+            ratio = tau / np.maximum(actual, 1e-300)
+            row_max = np.abs(C).max(axis=1).astype(np.float32)
+            ulp = np.spacing(row_max).astype(np.float64)
+            print(f"{kind:9} {n:5} {ratio.min():15.1f} {np.median(ratio):10.1f} "
+                  f"{np.median(2 * tau / row_max):14.2e} {np.median(2 * tau / ulp):19.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--gpu", action="store_true", help="CuPy arrays on the GPU")
+    parser.add_argument("--int-matmul-limit", type=int, default=1024,
+                        help="largest n at which to time the integer matmul itself")
+    parser.add_argument("--tables", action="store_true",
+                        help="false-accept rates and bound tightness instead of timings")
+    parser.add_argument("--trials", type=int, default=20000)
+    args = parser.parse_args()
+    if args.tables:
+        false_accept_table(args.trials)
+        print()
+        tightness_table()
+    else:
+        run_timings(args.sizes, args.gpu, args.int_matmul_limit)
+
+
+if __name__ == "__main__":
+    main()
