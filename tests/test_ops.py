@@ -311,3 +311,29 @@ def test_relu_gradient_is_zero_at_and_below_zero(device):
     x = ndl.Tensor(np.array([-1.0, 0.0, 1e-30, 2.0]), device=device)
     ops.relu(x).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0, 1.0, 1.0])
+
+
+def _kernel_grad_reference(x, g, k, stride, padding):
+    x = np.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    h_out, w_out = g.shape[1:3]
+    out = np.zeros((k, k, x.shape[3], g.shape[3]))
+    for i in range(k):
+        for j in range(k):
+            patch = x[:, i : i + stride * h_out : stride, j : j + stride * w_out : stride, :]
+            out[i, j] = np.einsum("nhwc,nhwo->co", patch, g)
+    return out
+
+
+@pytest.mark.parametrize("stride, padding", [(1, 1), (2, 0)])
+def test_conv_kernel_grad_op_and_its_second_derivatives(device, stride, padding):
+    """The kernel gradient is an op; its own gradient (conv's 2nd derivative) is checked too."""
+    from needle.ops.ops_conv import ConvKernelGrad
+
+    x, k = randn(2, 5, 5, 2), 3
+    h_out = (5 + 2 * padding - k) // stride + 1
+    check_op(
+        device,
+        lambda a, g: ConvKernelGrad(stride, padding, (k, k))(a, g),
+        lambda a, g: _kernel_grad_reference(a, g, k, stride, padding),
+        [x, randn(2, h_out, h_out, 3)],
+    )

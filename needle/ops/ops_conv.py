@@ -79,6 +79,22 @@ def undilate(a: Tensor, axes, dilation: int) -> Tensor:
     return UnDilate(axes, dilation)(a)
 
 
+def _im2col(a: NDArray, kh: int, kw: int, stride: int, padding: int):
+    """Every (kh, kw) window of the padded NHWC input as one row: (N*H_out*W_out, kh*kw*C).
+
+    Built as a strided view over the padded input and compacted once.
+    """
+    if padding:
+        a = a.pad(((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    n, h, w, c = a.shape
+    if kh > h or kw > w:
+        raise ValueError(f"conv kernel ({kh}, {kw}) larger than padded input {a.shape}")
+    h_out, w_out = (h - kh) // stride + 1, (w - kw) // stride + 1
+    sn, sh, sw, sc = a.strides
+    windows = a.as_strided((n, h_out, w_out, kh, kw, c), (sn, sh * stride, sw * stride, sh, sw, sc))
+    return windows.compact().reshape((n * h_out * w_out, kh * kw * c)), (n, h_out, w_out)
+
+
 class Conv(TensorOp):
     """2-D convolution: NHWC input, (K, K, C_in, C_out) kernel, im2col + one matmul."""
 
@@ -94,48 +110,67 @@ class Conv(TensorOp):
                 f"conv needs input (N, H, W, C_in) and kernel (K, K, C_in, C_out), "
                 f"got {a.shape} and {b.shape}"
             )
-        p, s = self.padding, self.stride
-        if p:
-            a = a.pad(((0, 0), (p, p), (p, p), (0, 0)))
-        n, h, w, c_in = a.shape
-        kh, kw, _, c_out = b.shape
-        if kh > h or kw > w:
-            raise ValueError(f"conv kernel {b.shape} larger than padded input {a.shape}")
-        h_out, w_out = (h - kh) // s + 1, (w - kw) // s + 1
-        sn, sh, sw, sc = a.strides
-        cols = a.as_strided((n, h_out, w_out, kh, kw, c_in), (sn, sh * s, sw * s, sh, sw, sc))
-        cols = cols.compact().reshape((n * h_out * w_out, kh * kw * c_in))
+        kh, kw, c_in, c_out = b.shape
+        cols, out_shape = _im2col(a, kh, kw, self.stride, self.padding)
         out = cols @ b.compact().reshape((kh * kw * c_in, c_out))
-        return out.reshape((n, h_out, w_out, c_out))
+        return out.reshape(out_shape + (c_out,))
 
     def gradient(self, out_grad, node):
         a, b = node.inputs
-        kh, kw = b.shape[:2]
-        h, w = a.shape[1] + 2 * self.padding, a.shape[2] + 2 * self.padding
-        # As a stride-1 problem: out_grad spread back onto the full (h-kh+1, w-kw+1) grid.
-        grad = out_grad
-        if self.stride > 1:
-            grad = dilate(grad, (1, 2), self.stride - 1)
-            grad = getitem(grad, (slice(None), slice(0, h - kh + 1), slice(0, w - kw + 1)))
-        # d input: full correlation of grad with the flipped kernel, minus the padding.
-        kernel = transpose(flip(b, (0, 1)), (2, 3))
-        p = self.padding
-        if kh == kw and p <= kh - 1:
-            grad_a = conv(grad, kernel, padding=kh - 1 - p)
-        else:
-            n, hf, wf, c_out = grad.shape
-            full = (n, hf + 2 * (kh - 1), wf + 2 * (kw - 1), c_out)
-            inner = (slice(None), slice(kh - 1, kh - 1 + hf), slice(kw - 1, kw - 1 + wf))
-            grad_a = conv(scatter_into_zeros(grad, full, inner), kernel)
-            if p:
-                grad_a = getitem(grad_a, (slice(None), slice(p, h - p), slice(p, w - p)))
-        # d kernel: correlate the (padded) input with grad, batch and channel axes swapped.
-        a_t = transpose(a, (0, 3))
-        grad_t = transpose(transpose(grad, (0, 1)), (1, 2))
-        grad_b = conv(a_t, grad_t, padding=self.padding)
-        grad_b = transpose(transpose(grad_b, (0, 1)), (1, 2))
+        grad_a = _conv_input_grad(out_grad, b, a.shape, self.stride, self.padding)
+        grad_b = ConvKernelGrad(self.stride, self.padding, b.shape[:2])(a, out_grad)
         return grad_a, grad_b
 
 
 def conv(a: Tensor, b: Tensor, stride: int = 1, padding: int = 0) -> Tensor:
     return Conv(stride, padding)(a, b)
+
+
+def _conv_input_grad(out_grad: Tensor, kernel: Tensor, input_shape, stride: int, padding: int):
+    """d conv(a, kernel) / d a applied to out_grad: a full correlation with the flipped kernel."""
+    kh, kw = kernel.shape[:2]
+    h, w = input_shape[1] + 2 * padding, input_shape[2] + 2 * padding
+    # As a stride-1 problem: out_grad spread back onto the full (h-kh+1, w-kw+1) grid.
+    grad = out_grad
+    if stride > 1:
+        grad = dilate(grad, (1, 2), stride - 1)
+        grad = getitem(grad, (slice(None), slice(0, h - kh + 1), slice(0, w - kw + 1)))
+    flipped = transpose(flip(kernel, (0, 1)), (2, 3))
+    if kh == kw and padding <= kh - 1:
+        return conv(grad, flipped, padding=kh - 1 - padding)
+    n, hf, wf, c_out = grad.shape
+    full = (n, hf + 2 * (kh - 1), wf + 2 * (kw - 1), c_out)
+    inner = (slice(None), slice(kh - 1, kh - 1 + hf), slice(kw - 1, kw - 1 + wf))
+    grad_a = conv(scatter_into_zeros(grad, full, inner), flipped)
+    if padding:
+        grad_a = getitem(
+            grad_a, (slice(None), slice(padding, h - padding), slice(padding, w - padding))
+        )
+    return grad_a
+
+
+class ConvKernelGrad(TensorOp):
+    """d conv(a, kernel) / d kernel applied to out_grad: out_grad^T @ im2col(a), reshaped.
+
+    Bilinear in (a, out_grad), so its own gradient is again a conv and a conv input-gradient.
+    """
+
+    def __init__(self, stride: int, padding: int, kernel_size: tuple[int, int]):
+        self.stride = stride
+        self.padding = padding
+        self.kernel_size = tuple(kernel_size)
+
+    def compute(self, a: NDArray, out_grad: NDArray) -> NDArray:
+        kh, kw = self.kernel_size
+        cols, (n, h_out, w_out) = _im2col(a, kh, kw, self.stride, self.padding)
+        c_out = out_grad.shape[3]
+        grad_rows = out_grad.reshape((n * h_out * w_out, c_out)).permute((1, 0))
+        kernel_grad = (grad_rows @ cols).reshape((c_out, kh, kw, a.shape[3]))
+        return kernel_grad.permute((1, 2, 3, 0))
+
+    def gradient(self, out_grad, node):
+        a, grad = node.inputs
+        return (
+            _conv_input_grad(grad, out_grad, a.shape, self.stride, self.padding),
+            conv(a, out_grad, self.stride, self.padding),
+        )
