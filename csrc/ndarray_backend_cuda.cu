@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -79,9 +78,8 @@ class DevicePool {
     }
     if (err != cudaSuccess) {
       cudaGetLastError();
-      std::ostringstream msg;
-      msg << "cannot allocate " << bytes << " bytes on the GPU: " << cudaGetErrorString(err);
-      throw std::runtime_error(msg.str());
+      throw std::runtime_error("cannot allocate " + std::to_string(bytes) +
+                               " bytes on the GPU: " + cudaGetErrorString(err));
     }
     return static_cast<float*>(ptr);
   }
@@ -176,10 +174,9 @@ View make_view(const std::vector<int64_t>& shape, const std::vector<int64_t>& st
     }
   }
   if (!empty && (lowest < 0 || highest >= static_cast<int64_t>(buffer_size))) {
-    std::ostringstream msg;
-    msg << what << ": view reaches elements [" << lowest << ", " << highest
-        << "] outside the buffer of " << buffer_size << " elements";
-    throw py::index_error(msg.str());
+    throw py::index_error(std::string(what) + ": view reaches elements [" +
+                          std::to_string(lowest) + ", " + std::to_string(highest) +
+                          "] outside the buffer of " + std::to_string(buffer_size) + " elements");
   }
   return view;
 }
@@ -534,25 +531,25 @@ void reduce_max(const CudaArray& a, CudaArray& out, int64_t reduce_size) {
 
 namespace sgemm {
 
-// The large-product tile: BM, BN, BK, WM, WN (a compile-time knob for tuning on other GPUs).
+// The large-product tile: BM, BN, BK, WM, WN, TM, TN (a compile-time knob for other GPUs).
 #ifndef NEEDLE_SGEMM_TILE
-#define NEEDLE_SGEMM_TILE 128, 128, 8, 64, 32
+#define NEEDLE_SGEMM_TILE 128, 128, 8, 64, 32, 8, 8
 #endif
 
-constexpr int TM = 8, TN = 8;
-
-template <int BM, int BN, int BK, int WM, int WN>
+template <int BM, int BN, int BK, int WM, int WN, int TM, int TN>
 struct Config {
   static constexpr int kWarps = (BM / WM) * (BN / WN);
   static constexpr int kThreads = kWarps * 32;
-  // Two 256-thread blocks a multiprocessor (at most 128 registers a thread); small blocks are
-  // left uncapped.
-  static constexpr int kMinBlocks = kThreads >= 256 ? 512 / kThreads : 1;
+  // Registers a thread needs: its accumulators plus about 64; ask for as many blocks per
+  // multiprocessor as then fit.
+  static constexpr int kMinBlocks =
+      65536 / (kThreads * (TM * TN + 64)) > 0 ? 65536 / (kThreads * (TM * TN + 64)) : 1;
   static constexpr int kThreadRows = WM / TM;  // threads of a warp along M
   static constexpr int kThreadCols = WN / TN;  // threads of a warp along N
   static constexpr int kALoads = BM * BK / 4 / kThreads;  // float4 per thread per slice
   static constexpr int kBLoads = BK * BN / 4 / kThreads;
   static_assert(kThreadRows * kThreadCols == 32, "a warp tile must hold 32 thread tiles");
+  static_assert(TM % 4 == 0 && TN % 4 == 0, "thread tiles are made of 4 x 4 quarters");
   static_assert(kALoads * kThreads * 4 == BM * BK, "A slice must split evenly over threads");
   static_assert(kBLoads * kThreads * 4 == BK * BN, "B slice must split evenly over threads");
 };
@@ -576,13 +573,15 @@ __device__ __forceinline__ float4 load4(const float* __restrict__ m, int rows, i
   }
 }
 
-template <int BM, int BN, int BK, int WM, int WN, bool VEC>
-__global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN>::kThreads,
-                                  Config<BM, BN, BK, WM, WN>::kMinBlocks)
+template <int BM, int BN, int BK, int WM, int WN, int TM, int TN, bool VEC>
+__global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN, TM, TN>::kThreads,
+                                  Config<BM, BN, BK, WM, WN, TM, TN>::kMinBlocks)
     sgemm_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
                  int M, int N, int K) {
-  using Cfg = Config<BM, BN, BK, WM, WN>;
+  using Cfg = Config<BM, BN, BK, WM, WN, TM, TN>;
   constexpr int kAPad = BM + 4;
+  constexpr int kRowGroups = TM / 4, kColGroups = TN / 4;  // 4 x 4 quarters of a thread tile
+  constexpr int kRowSpacing = WM / kRowGroups, kColSpacing = WN / kColGroups;
   __shared__ __align__(16) float As[2][BK][kAPad];
   __shared__ __align__(16) float Bs[2][BK][BN];
 
@@ -592,8 +591,8 @@ __global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN>::kThreads,
   const int warp = tid / 32, lane = tid % 32;
   const int warp_m = (warp / (BN / WN)) * WM;
   const int warp_n = (warp % (BN / WN)) * WN;
-  const int thread_m = (lane / Cfg::kThreadCols) * 4;
-  const int thread_n = (lane % Cfg::kThreadCols) * 4;
+  const int thread_m = warp_m + (lane / Cfg::kThreadCols) * 4;
+  const int thread_n = warp_n + (lane % Cfg::kThreadCols) * 4;
 
   float4 a_stage[Cfg::kALoads], b_stage[Cfg::kBLoads];
 
@@ -647,14 +646,14 @@ __global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN>::kThreads,
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
       float a[TM], b[TN];
-      *reinterpret_cast<float4*>(&a[0]) =
-          *reinterpret_cast<const float4*>(&As[buf][k][warp_m + thread_m]);
-      *reinterpret_cast<float4*>(&a[4]) =
-          *reinterpret_cast<const float4*>(&As[buf][k][warp_m + thread_m + WM / 2]);
-      *reinterpret_cast<float4*>(&b[0]) =
-          *reinterpret_cast<const float4*>(&Bs[buf][k][warp_n + thread_n]);
-      *reinterpret_cast<float4*>(&b[4]) =
-          *reinterpret_cast<const float4*>(&Bs[buf][k][warp_n + thread_n + WN / 2]);
+#pragma unroll
+      for (int g = 0; g < kRowGroups; ++g)
+        *reinterpret_cast<float4*>(&a[g * 4]) =
+            *reinterpret_cast<const float4*>(&As[buf][k][thread_m + g * kRowSpacing]);
+#pragma unroll
+      for (int g = 0; g < kColGroups; ++g)
+        *reinterpret_cast<float4*>(&b[g * 4]) =
+            *reinterpret_cast<const float4*>(&Bs[buf][k][thread_n + g * kColSpacing]);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -666,13 +665,13 @@ __global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN>::kThreads,
 
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
-    const int row = block_m + warp_m + thread_m + (i % 4) + (i / 4) * (WM / 2);
+    const int row = block_m + thread_m + (i / 4) * kRowSpacing + i % 4;
     if (row >= M) continue;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int col = block_n + warp_n + thread_n + half * (WN / 2);
+    for (int g = 0; g < kColGroups; ++g) {
+      const int col = block_n + thread_n + g * kColSpacing;
       float* dst = C + static_cast<size_t>(row) * N + col;
-      const float* v = &acc[i][half * 4];
+      const float* v = &acc[i][g * 4];
       if constexpr (VEC) {
         if (col < N) *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
       } else {
@@ -684,14 +683,14 @@ __global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN>::kThreads,
   }
 }
 
-template <int BM, int BN, int BK, int WM, int WN>
+template <int BM, int BN, int BK, int WM, int WN, int TM, int TN>
 void launch(const float* A, const float* B, float* C, int M, int N, int K) {
-  using Cfg = Config<BM, BN, BK, WM, WN>;
+  constexpr int kThreads = Config<BM, BN, BK, WM, WN, TM, TN>::kThreads;
   dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
   if (K % 4 == 0 && N % 4 == 0) {
-    sgemm_kernel<BM, BN, BK, WM, WN, true><<<grid, Cfg::kThreads>>>(A, B, C, M, N, K);
+    sgemm_kernel<BM, BN, BK, WM, WN, TM, TN, true><<<grid, kThreads>>>(A, B, C, M, N, K);
   } else {
-    sgemm_kernel<BM, BN, BK, WM, WN, false><<<grid, Cfg::kThreads>>>(A, B, C, M, N, K);
+    sgemm_kernel<BM, BN, BK, WM, WN, TM, TN, false><<<grid, kThreads>>>(A, B, C, M, N, K);
   }
   CHECK_LAUNCH("matmul");
 }
@@ -700,23 +699,32 @@ void launch(const float* A, const float* B, float* C, int M, int N, int K) {
 
 // ---------------------------------------------------------------------------------------------
 // TF32 tensor-core GEMM (float32 in and out, operands rounded to TF32, float32 accumulation),
-// only on explicit request. Block tile 128 x 128, K slices of 16 brought into shared memory by
-// cp.async in a 4-deep pipeline (out-of-range elements zero-filled), 8 warps each holding 4 x 2
-// WMMA m16n16k8 accumulators; the block's C tile is staged through shared memory so the
+// only on explicit request. K slices of BK are brought into shared memory by cp.async in a
+// STAGES-deep pipeline (out-of-range elements zero-filled); each warp holds a WM x WN tile of
+// WMMA m16n16k8 accumulators; the block's C tile is staged through shared memory so that the
 // global stores are coalesced and bounds-checked.
 
 namespace tf32 {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int BM = 128, BN = 128, BK = 16, STAGES = 4, WM = 64, WN = 32;
-constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
-constexpr int kALd = BK + 4, kBLd = BN + 4, kCLd = BN + 4;
-constexpr int kAStage = BM * kALd, kBStage = BK * kBLd;
-constexpr int kPipelineFloats = STAGES * (kAStage + kBStage);
-constexpr int kEpilogueFloats = BM * kCLd;
-constexpr size_t kSharedBytes =
-    sizeof(float) * (kPipelineFloats > kEpilogueFloats ? kPipelineFloats : kEpilogueFloats);
+// BM, BN, BK, STAGES, WM, WN (a compile-time knob, like NEEDLE_SGEMM_TILE).
+#ifndef NEEDLE_TF32_TILE
+#define NEEDLE_TF32_TILE 128, 128, 16, 4, 64, 32
+#endif
+
+template <int BM_, int BN_, int BK_, int STAGES_, int WM_, int WN_>
+struct Config {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, WM = WM_, WN = WN_;
+  static constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
+  static constexpr int kALd = BK + 4, kBLd = BN + 4, kCLd = BN + 4;  // padded rows
+  static constexpr int kAStage = BM * kALd, kBStage = BK * kBLd;
+  static constexpr int kPipelineFloats = STAGES * (kAStage + kBStage);
+  static constexpr int kEpilogueFloats = BM * kCLd;
+  static constexpr size_t kSharedBytes =
+      sizeof(float) * (kPipelineFloats > kEpilogueFloats ? kPipelineFloats : kEpilogueFloats);
+};
+using Tile = Config<NEEDLE_TF32_TILE>;
 
 __device__ __forceinline__ void cp_async16(float* smem, const float* gmem, bool valid) {
   unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -737,20 +745,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Copies a rows x cols tile at (row0, col0) of a row-major matrix into shared memory, zero
+// Copies a ROWS x COLS tile at (row0, col0) of a row-major matrix into shared memory, zero
 // filling what lies outside the matrix.
-template <int ROWS, int COLS, bool VEC>
+template <int ROWS, int COLS, int THREADS, bool VEC>
 __device__ __forceinline__ void load_tile(float* smem, int ld_smem, const float* m, int rows,
                                           int cols, int ld, int row0, int col0) {
   if constexpr (VEC) {
-    for (int idx = threadIdx.x; idx < ROWS * COLS / 4; idx += kThreads) {
+    static_assert(ROWS * COLS / 4 % THREADS == 0, "tile must split evenly over threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * COLS / 4 / THREADS; ++i) {
+      int idx = threadIdx.x + i * THREADS;
       int r = idx / (COLS / 4), c = (idx % (COLS / 4)) * 4;
       bool valid = row0 + r < rows && col0 + c < cols;
       const float* src = valid ? m + static_cast<size_t>(row0 + r) * ld + col0 + c : m;
       cp_async16(smem + r * ld_smem + c, src, valid);
     }
   } else {
-    for (int idx = threadIdx.x; idx < ROWS * COLS; idx += kThreads) {
+    for (int idx = threadIdx.x; idx < ROWS * COLS; idx += THREADS) {
       int r = idx / COLS, c = idx % COLS;
       bool valid = row0 + r < rows && col0 + c < cols;
       const float* src = valid ? m + static_cast<size_t>(row0 + r) * ld + col0 + c : m;
@@ -759,13 +770,14 @@ __device__ __forceinline__ void load_tile(float* smem, int ld_smem, const float*
   }
 }
 
-template <bool VEC>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(T::kThreads)
     tf32_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
                 int M, int N, int K) {
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, STAGES = T::STAGES, WM = T::WM, WN = T::WN;
   extern __shared__ __align__(128) float smem[];
   float* As = smem;
-  float* Bs = smem + STAGES * kAStage;
+  float* Bs = smem + STAGES * T::kAStage;
 
   const int block_m = blockIdx.y * BM, block_n = blockIdx.x * BN;
   const int warp = threadIdx.x / 32;
@@ -781,8 +793,10 @@ __global__ void __launch_bounds__(kThreads)
   auto issue = [&](int t) {
     if (t < tiles) {
       int s = t % STAGES;
-      load_tile<BM, BK, VEC>(As + s * kAStage, kALd, A, M, K, K, block_m, t * BK);
-      load_tile<BK, BN, VEC>(Bs + s * kBStage, kBLd, B, K, N, N, t * BK, block_n);
+      load_tile<BM, BK, T::kThreads, VEC>(As + s * T::kAStage, T::kALd, A, M, K, K, block_m,
+                                          t * BK);
+      load_tile<BK, BN, T::kThreads, VEC>(Bs + s * T::kBStage, T::kBLd, B, K, N, N, t * BK,
+                                          block_n);
     }
     cp_async_commit();  // empty groups keep the wait count uniform
   };
@@ -792,8 +806,8 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // slice t has landed for every thread; slice t-1's stage is free again
     issue(t + STAGES - 1);
-    const float* a_tile = As + (t % STAGES) * kAStage;
-    const float* b_tile = Bs + (t % STAGES) * kBStage;
+    const float* a_tile = As + (t % STAGES) * T::kAStage;
+    const float* b_tile = Bs + (t % STAGES) * T::kBStage;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 8) {
       wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>
@@ -802,13 +816,13 @@ __global__ void __launch_bounds__(kThreads)
           b[WN / 16];
 #pragma unroll
       for (int i = 0; i < WM / 16; ++i) {
-        wmma::load_matrix_sync(a[i], a_tile + (warp_m + i * 16) * kALd + kk, kALd);
+        wmma::load_matrix_sync(a[i], a_tile + (warp_m + i * 16) * T::kALd + kk, T::kALd);
 #pragma unroll
         for (int e = 0; e < a[i].num_elements; ++e) a[i].x[e] = wmma::__float_to_tf32(a[i].x[e]);
       }
 #pragma unroll
       for (int j = 0; j < WN / 16; ++j) {
-        wmma::load_matrix_sync(b[j], b_tile + kk * kBLd + warp_n + j * 16, kBLd);
+        wmma::load_matrix_sync(b[j], b_tile + kk * T::kBLd + warp_n + j * 16, T::kBLd);
 #pragma unroll
         for (int e = 0; e < b[j].num_elements; ++e) b[j].x[e] = wmma::__float_to_tf32(b[j].x[e]);
       }
@@ -826,14 +840,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
     for (int j = 0; j < WN / 16; ++j)
-      wmma::store_matrix_sync(Cs + (warp_m + i * 16) * kCLd + warp_n + j * 16, acc[i][j], kCLd,
-                              wmma::mem_row_major);
+      wmma::store_matrix_sync(Cs + (warp_m + i * 16) * T::kCLd + warp_n + j * 16, acc[i][j],
+                              T::kCLd, wmma::mem_row_major);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < BM * BN / 4; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < BM * BN / 4; idx += T::kThreads) {
     int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
     int row = block_m + r, col = block_n + c;
     if (row >= M) continue;
-    const float* v = Cs + r * kCLd + c;
+    const float* v = Cs + r * T::kCLd + c;
     float* dst = C + static_cast<size_t>(row) * N + col;
     if constexpr (VEC) {
       if (col < N) *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(v);
@@ -848,12 +862,13 @@ template <bool VEC>
 void launch_variant(const float* A, const float* B, float* C, int M, int N, int K) {
   static bool configured = false;
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(tf32_kernel<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kSharedBytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(tf32_kernel<Tile, VEC>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(Tile::kSharedBytes)));
     configured = true;
   }
-  dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
-  tf32_kernel<VEC><<<grid, kThreads, kSharedBytes>>>(A, B, C, M, N, K);
+  dim3 grid((N + Tile::BN - 1) / Tile::BN, (M + Tile::BM - 1) / Tile::BM);
+  tf32_kernel<Tile, VEC><<<grid, Tile::kThreads, Tile::kSharedBytes>>>(A, B, C, M, N, K);
   CHECK_LAUNCH("matmul_tf32");
 }
 
@@ -916,7 +931,7 @@ void sgemm_launch(const float* A, const float* B, float* C, int M, int N, int K)
   if (big_blocks >= multiprocessor_count()) {
     sgemm::launch<NEEDLE_SGEMM_TILE>(A, B, C, M, N, K);
   } else {
-    sgemm::launch<64, 64, 8, 32, 64>(A, B, C, M, N, K);
+    sgemm::launch<64, 64, 8, 32, 64, 8, 8>(A, B, C, M, N, K);
   }
 }
 
