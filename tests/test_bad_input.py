@@ -127,3 +127,11 @@ def test_backend_primitives_reject_bad_sizes(device):
 def test_one_hot_labels_out_of_range(device):
     with pytest.raises(IndexError, match=r"labels must lie in \[0, 3\)"):
         device.one_hot(3, np.array([0, 3]))
+
+
+def test_unavailable_device_says_so():
+    if ndl.cuda().enabled():
+        pytest.skip("this machine has a GPU: the cuda device is available")
+    assert not hasattr(ndl.cuda(), "matmul")
+    with pytest.raises(AttributeError, match="device cuda is not available here"):
+        ndl.Tensor(np.ones(2), device=ndl.cuda())

@@ -47,7 +47,10 @@ class BackendDevice:
     def __getattr__(self, name: str):
         mod = self.__dict__.get("mod")
         if mod is None:
-            raise RuntimeError(f"device {self.__dict__.get('name')} is not available here")
+            raise MissingPrimitive(
+                f"device {self.__dict__.get('name')} is not available here "
+                "(backend module not built, or no GPU)"
+            )
         try:
             return getattr(mod, name)
         except AttributeError:
