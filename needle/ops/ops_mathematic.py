@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 
 from ..autograd import NDArray, Tensor, TensorOp
+from ..remote import active_offload
 from .ops_shape import _broadcast_grad, transpose
 
 
@@ -215,20 +214,6 @@ def sqrt(a: Tensor) -> Tensor:
     return Sqrt()(a)
 
 
-_active_offload = None
-
-
-def _offload_policy():
-    """The remote-offload policy of needle.remote if that module exists and one is active."""
-    global _active_offload
-    if _active_offload is None:
-        if importlib.util.find_spec("needle.remote") is None:
-            _active_offload = lambda: None  # noqa: E731
-        else:
-            _active_offload = importlib.import_module("needle.remote").active_offload
-    return _active_offload()
-
-
 class MatMul(TensorOp):
     """a @ b with numpy.matmul broadcasting of the leading (batch) axes.
 
@@ -237,7 +222,7 @@ class MatMul(TensorOp):
     """
 
     def compute(self, a: NDArray, b: NDArray) -> NDArray:
-        policy = _offload_policy()
+        policy = active_offload()
         if policy is not None:
             out = policy.matmul(a, b)
             if out is not None:
