@@ -6,7 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -102,6 +105,38 @@ void check_same_size(const AlignedArray& a, const AlignedArray& out, const char*
     throw py::value_error(std::string(what) + ": input has " + std::to_string(a.size) +
                           " elements but out has " + std::to_string(out.size));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+// libgomp's thread pool does not survive fork(): a child that enters a parallel region after its
+// parent had started the pool waits forever for threads that no longer exist. Such a child
+// (a multiprocessing worker, say) runs everything on one thread instead.
+std::atomic<bool> pool_started{false};
+std::atomic<bool> pool_lost_in_fork{false};
+
+void after_fork_in_child() { pool_lost_in_fork = pool_started.load(); }
+
+// How many threads to use for a job that is worth parallelising when `large` is true.
+int team_size(bool large) {
+#ifdef _OPENMP
+  if (!large || pool_lost_in_fork) return 1;
+  const int threads = omp_get_max_threads();
+  if (threads > 1) pool_started = true;
+  return threads;
+#else
+  (void)large;
+  return 1;
+#endif
+}
+
+int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -204,7 +239,8 @@ void apply_unary(const AlignedArray& a, AlignedArray& out, Op op, const char* wh
   const scalar_t* x = a.ptr();
   scalar_t* y = out.ptr();
   const int64_t n = out.size;
-#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+  const int threads = team_size(n >= kParallelElements);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) y[i] = op(x[i]);
 }
 
@@ -217,7 +253,8 @@ void apply_binary(const AlignedArray& a, const AlignedArray& b, AlignedArray& ou
   const scalar_t* z = b.ptr();
   scalar_t* y = out.ptr();
   const int64_t n = out.size;
-#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+  const int threads = team_size(n >= kParallelElements);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) y[i] = op(x[i], z[i]);
 }
 
@@ -263,7 +300,8 @@ void reduce_sum(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
   const scalar_t* x = a.ptr();
   scalar_t* y = out.ptr();
   const int64_t groups = out.size;
-#pragma omp parallel for schedule(static) if (a.size >= kParallelElements && groups > 1)
+  const int threads = team_size(a.size >= kParallelElements && groups > 1);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t g = 0; g < groups; ++g) {
     const scalar_t* group = x + g * reduce_size;
     double total = 0.0;  // double keeps long sums close to numpy's pairwise float32 sum
@@ -278,7 +316,8 @@ void reduce_max(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
   const scalar_t* x = a.ptr();
   scalar_t* y = out.ptr();
   const int64_t groups = out.size;
-#pragma omp parallel for schedule(static) if (a.size >= kParallelElements && groups > 1)
+  const int threads = team_size(a.size >= kParallelElements && groups > 1);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t g = 0; g < groups; ++g) {
     const scalar_t* group = x + g * reduce_size;
     scalar_t best = group[0];
@@ -404,36 +443,20 @@ void compute_block(const scalar_t* ap, const scalar_t* bp, int64_t mc, int64_t n
   }
 }
 
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-int thread_id() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
-
 // c (m x p) = a (m x n) @ b (n x p), all compact row-major; n > 0.
 // Per KC x NC panel of B (packed once, shared), C is cut into tiles of MC rows x a group of
 // B slivers, handed out dynamically so that a thread slowed down by another process on this
 // core does not hold the other back at the barrier; each thread packs the A block it needs.
 void gemm(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n, int64_t p) {
   const int64_t row_blocks = (m + MC - 1) / MC, max_slivers = (std::min(p, NC) + NR - 1) / NR;
-  const int threads = 2 * m * n * p < kParallelFlops ? 1 : max_threads();
+  const int threads = team_size(2 * m * n * p >= kParallelFlops);
   constexpr int64_t kTilesPerThread = 8;
 
   auto b_packed = aligned_buffer(static_cast<size_t>(KC * max_slivers * NR));
   std::vector<std::unique_ptr<scalar_t[], AlignedFree>> a_packed;
   for (int t = 0; t < threads; ++t) a_packed.push_back(aligned_buffer(MC * KC));
 
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
     scalar_t* ap = a_packed[thread_id()].get();
     for (int64_t jc = 0; jc < p; jc += NC) {
@@ -506,6 +529,7 @@ PYBIND11_MODULE(ndarray_backend_cpu, m) {
   m.doc() = "needle CPU backend: float32 buffers and the primitives NDArray builds on";
   m.attr("__device_name__") = "cpu";
   m.attr("__tile_size__") = NR;
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
 
   py::class_<AlignedArray>(m, "Array")
       .def(py::init<int64_t>(), py::arg("size"))

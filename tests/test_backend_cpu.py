@@ -327,3 +327,35 @@ def test_matmul_output_aliasing_an_input():
 def test_matmul_bad_sizes_raise(sizes, dims, message):
     with pytest.raises(ValueError, match=message):
         cpu.matmul(*(cpu.Array(s) for s in sizes), *dims)
+
+
+def _matmul_in_child(conn, x: np.ndarray, y: np.ndarray) -> None:
+    m, n = x.shape
+    out = cpu.Array(m * y.shape[1])
+    cpu.matmul(to_array(x), to_array(y), out, m, n, y.shape[1])
+    total = cpu.Array(1)
+    cpu.reduce_sum(to_array(x), total, x.size)
+    conn.send((cpu.to_numpy(out, (m, y.shape[1]), (y.shape[1], 1), 0), flat(total)))
+
+
+def test_forked_child_after_parallel_work_computes():
+    """libgomp's pool does not survive fork(); the module must fall back instead of hanging."""
+    multiprocessing = pytest.importorskip("multiprocessing")
+    x = RNG.standard_normal((300, 400)).astype(np.float32)
+    y = RNG.standard_normal((400, 200)).astype(np.float32)
+    cpu.matmul(to_array(x), to_array(y), cpu.Array(300 * 200), 300, 400, 200)  # starts the pool
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_matmul_in_child, args=(sender, x, y))
+    child.start()
+    try:
+        assert receiver.poll(60), "forked child produced no result within 60 s (hung?)"
+        product, total = receiver.recv()
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0
+    np.testing.assert_allclose(product, x @ y, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(total, [x.astype(np.float64).sum()], rtol=1e-5, atol=1e-3)
