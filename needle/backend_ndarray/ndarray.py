@@ -212,13 +212,23 @@ def _fresh(shape: Shape, device: BackendDevice) -> NDArray:
     array._handle = device.Array(math.prod(shape))
     array._writes = [0]
     array._compacted = None
+    array._is_compact = True
     return array
 
 
 class NDArray:
     """A float32 strided array on a device."""
 
-    __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "_writes", "_compacted")
+    __slots__ = (
+        "_shape",
+        "_strides",
+        "_offset",
+        "_device",
+        "_handle",
+        "_writes",
+        "_compacted",
+        "_is_compact",
+    )
 
     def __init__(self, other, device: BackendDevice | None = None, dtype: str = "float32"):
         _check_dtype(dtype)
@@ -239,6 +249,7 @@ class NDArray:
         self._handle = other._handle
         self._writes = other._writes
         self._compacted = None
+        self._is_compact = other._is_compact
 
     @staticmethod
     def make(
@@ -256,7 +267,7 @@ class NDArray:
                 _check_dtype(dtype)
             array = _fresh(shape, device)
             if strides is not None:
-                array._strides = strides
+                array._strides, array._is_compact = strides, None
             return array
         array = object.__new__(NDArray)
         array._shape = shape
@@ -266,6 +277,7 @@ class NDArray:
         array._handle = handle
         array._writes = None  # an alias made outside NDArray's views: its writes are not tracked
         array._compacted = None
+        array._is_compact = None
         return array
 
     def _view(self, shape: Shape, strides: Shape | None, offset: int) -> NDArray:
@@ -278,6 +290,7 @@ class NDArray:
         view._handle = self._handle
         view._writes = self._writes
         view._compacted = None
+        view._is_compact = None
         return view
 
     def _written(self) -> None:
@@ -345,11 +358,14 @@ class NDArray:
             self[...] = value
 
     def is_compact(self) -> bool:
-        return (
-            self._offset == 0
-            and self._strides == _compact_strides(self._shape)
-            and math.prod(self._shape) == self._handle.size
-        )
+        """Whether this array is its whole buffer in row-major order (cached: views are fixed)."""
+        if self._is_compact is None:
+            self._is_compact = (
+                self._offset == 0
+                and self._strides == _compact_strides(self._shape)
+                and math.prod(self._shape) == self._handle.size
+            )
+        return self._is_compact
 
     def compact(self) -> NDArray:
         """This array if it already fills its buffer row-major, else a compact copy.
