@@ -11,10 +11,10 @@ from typing import Annotated
 
 import numpy as np
 import typer
-from chain.cli import app as chain_app
 from rich.console import Console
 from rich.table import Table
 
+from chain.cli import app as chain_app
 from node import keys
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
@@ -93,8 +93,8 @@ def worker_up(
                      ] = 1.0,
     min_fee: Annotated[float, typer.Option(help="Ignore jobs paying less (ETH).")] = 0.0,
     max_flops: Annotated[float, typer.Option(help="Largest job accepted (FLOPs).")] = 2 * 4096**3,
-    max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.")] = 2,
-    poll_interval: Annotated[float, typer.Option(help="Seconds between chain polls.")] = 0.2,
+    max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.")] = 8,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between chain polls.")] = 0.05,
     api_host: Annotated[str, typer.Option(help="HTTP API address.")] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="HTTP API port (dashboard at /).")] = 8600,
     admin_token_file: Annotated[Path | None, typer.Option(
@@ -111,6 +111,7 @@ def worker_up(
     from node.worker import Worker, WorkerConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         account = keys.load_or_create(data_dir / "key.json", keys.read_password(password_file))
     except keys.KeystoreError as err:

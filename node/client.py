@@ -17,15 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from eth_account import Account
 
-from node.market import (
-    DEFAULT_MAX_BLOB_BYTES,
-    JOB_CANCELLED,
-    JOB_CLAIMED,
-    JOB_COMMITTED,
-    JOB_DONE,
-    Market,
-    TxReverted,
-)
+from node.market import DEFAULT_MAX_BLOB_BYTES, Market, TxReverted
 
 STAGES = ("submitted", "claimed", "committed", "verified", "paid")
 DEFAULT_FEE_WEI = 10**15
@@ -80,6 +72,9 @@ class _Pending:
     b: np.ndarray
     precision: str
     stage: str = "submitted"
+    deadline: int = 0
+    commit_block: int = 0
+    c_id: bytes = b""
     result: np.ndarray | None = None
 
 
@@ -115,6 +110,7 @@ class JobClient:
         self.local_check = local_check
         self.progress = progress
         self.poll_interval = poll_interval
+        self._next_block = 0
 
     def close(self) -> None:
         self.market.close()
@@ -154,19 +150,28 @@ class JobClient:
         except Exception as err:
             raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
         job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
+        self._next_block = receipt["blockNumber"]
         return [_Pending(job_id, a, b, p)
                 for job_id, (a, b), p in zip(job_ids, pairs, precisions, strict=True)]
 
     def wait(self, pending: list[_Pending]) -> list[np.ndarray]:
-        """Follow the jobs until every result is verified, fetched and checked."""
+        """Follow the jobs (through the market's events, one query per poll) until every
+        result is verified, fetched and checked."""
         deadline = time.time() + self.timeout
         display = _Progress(len(pending)) if self.progress else None
+        by_id = {p.job_id: p for p in pending}
         try:
             while any(p.result is None for p in pending):
                 head = self.market.block_number()
+                if head >= self._next_block:
+                    for event in self.market.logs(self._next_block, head):
+                        p = by_id.get(event["args"].get("jobId"))
+                        if p is not None and p.result is None:
+                            self._apply(p, event)
+                    self._next_block = head + 1
                 for p in pending:
                     if p.result is None:
-                        self._advance(p, head)
+                        self._nudge(p, head)
                 if display:
                     display.update(pending)
                 if time.time() > deadline:
@@ -181,25 +186,28 @@ class JobClient:
                 display.close()
         return [p.result for p in pending]
 
-    def _advance(self, p: _Pending, head: int) -> None:
-        job = self.market.job(p.job_id)
-        if job.status == JOB_CLAIMED:
-            p.stage = "claimed"
-            if head > job.deadline:
-                self._try("reopenExpired", p.job_id)  # the worker missed its deadline
-        elif job.status == JOB_COMMITTED:
-            p.stage = "committed"
-            if head > job.commit_block + 2:
-                self._try("finalize", p.job_id)  # nobody finalised: do it ourselves
-        elif job.status == JOB_CANCELLED:
+    def _apply(self, p: _Pending, event) -> None:
+        name, args = event["event"], event["args"]
+        if name == "JobClaimed":
+            p.stage, p.deadline = "claimed", args["deadline"]
+        elif name == "ResultCommitted":
+            p.stage, p.commit_block, p.c_id = "committed", event["blockNumber"], args["cId"]
+        elif name == "JobReopened":
+            p.stage = "submitted"
+        elif name == "JobCancelled":
             raise RemoteJobError("finalize", "the chain's verifier rejected the operands and "
                                  "refunded the fee", p.job_id)
-        elif job.status == JOB_DONE:
+        elif name == "JobVerified":
             p.stage = "verified"  # finalised with a pass: the fee went to the worker
-            p.result = self._fetch(p, job)
+            p.result = self._fetch(p)
             p.stage = "paid"
-        else:
-            p.stage = "submitted"
+
+    def _nudge(self, p: _Pending, head: int) -> None:
+        """Keep a job moving when its worker does not."""
+        if p.stage == "claimed" and head > p.deadline:
+            self._try("reopenExpired", p.job_id)  # the worker missed its deadline
+        elif p.stage == "committed" and head > p.commit_block + 2:
+            self._try("finalize", p.job_id)  # nobody finalised: do it ourselves
 
     def _try(self, fn_name: str, job_id: int) -> None:
         try:
@@ -207,9 +215,9 @@ class JobClient:
         except TxReverted:
             pass  # a worker got there first
 
-    def _fetch(self, p: _Pending, job) -> np.ndarray:
+    def _fetch(self, p: _Pending) -> np.ndarray:
         try:
-            c = self.market.get_array(job.c_id)
+            c = self.market.get_array(p.c_id)
         except Exception as err:
             raise RemoteJobError("fetch", f"{type(err).__name__}: {err}", p.job_id) from err
         expected = p.a.shape[:-1] + (p.b.shape[-1],)

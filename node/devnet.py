@@ -25,6 +25,8 @@ from node.keys import load_or_create
 
 FAUCET_INDEX = 19  # the last dev account funds workers; clients default to account 0
 WORKER_FUNDING_WEI = 5 * 10**18
+# Dev keystores sit next to their password file, so a slow KDF would protect nothing.
+DEV_KDF_ITERATIONS = 2**12
 START_TIMEOUT = 90.0
 
 
@@ -111,12 +113,17 @@ class Devnet:
     def worker_dir(self, index: int) -> Path:
         return self.data_dir / f"worker{index}"
 
+    def worker_account(self, index: int) -> LocalAccount:
+        """Worker `index`'s key (its keystore is created here if it does not exist yet)."""
+        return load_or_create(self.worker_dir(index) / "key.json",
+                              self.password_file.read_text(), DEV_KDF_ITERATIONS)
+
     def start_worker(self, index: int | None = None, *, extra_args: tuple[str, ...] = (),
                      env: dict | None = None, wait: bool = True) -> WorkerProcess:
         """Start worker `index` (a new one by default); reuses its keystore if it exists."""
         index = len(self.workers) if index is None else index
         data_dir = self.worker_dir(index)
-        account = load_or_create(data_dir / "key.json", self.password_file.read_text())
+        account = self.worker_account(index)
         self._fund(account.address)
         api_port = free_port()
         token = secrets.token_hex(16)
@@ -124,7 +131,7 @@ class Devnet:
         args = ["worker", "up", "--rpc-url", self.rpc_url, "--data-dir", str(data_dir),
                 "--password-file", str(self.password_file), "--api-port", str(api_port),
                 "--admin-token-file", str(data_dir / "admin-token"),
-                "--poll-interval", str(min(self.block_time, 0.2)), *extra_args]
+                *extra_args]
         process = self._spawn(args, f"worker{index}.log", env)
         worker = WorkerProcess(index, account, data_dir, f"http://127.0.0.1:{api_port}", token,
                                process, args)

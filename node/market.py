@@ -9,7 +9,6 @@ check on both ends.
 from __future__ import annotations
 
 import hashlib
-import threading
 from dataclasses import dataclass
 
 import httpx
@@ -20,11 +19,13 @@ from web3.logs import DISCARD
 
 from chain.blobs import blob_id, decode_array, encode_array
 from chain.client import ChainClient, TransactionReverted
+from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
 
 JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
 STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
 PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
 DEFAULT_MAX_BLOB_BYTES = 1 << 30
+VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS
 CHUNK = 1 << 20
 
 TxReverted = TransactionReverted
@@ -65,6 +66,14 @@ class Verdict:
     slashed_wei: int = 0
 
 
+def finalize_gas(job: Job) -> int:
+    """A safe gas limit for `finalize`: the precompile's documented cost (docs/protocol.md)
+    for the market's rounds, doubled, plus the contract's own bookkeeping."""
+    elements = job.batch * (job.m * job.k + job.k * job.n + job.m * job.n)
+    precompile = PRECOMPILE_BASE_GAS + (1 + VERIFY_ROUNDS) * elements * PRECOMPILE_ELEMENT_GAS
+    return 300_000 + 2 * precompile
+
+
 class BlobError(Exception):
     """A blob that could not be stored or fetched, or whose bytes do not match its id."""
 
@@ -81,7 +90,11 @@ class Market:
         self.max_blob_bytes = max_blob_bytes
         self.blob_url = self.client.info.get("blob_url", f"{self.client.url}/blobs").rstrip("/")
         self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
-        self._send_lock = threading.Lock()
+        self._events_by_topic = {
+            bytes.fromhex(event.topic.removeprefix("0x")): event
+            for event in (getattr(self.contract.events, abi["name"])()
+                          for abi in self.contract.abi if abi["type"] == "event")
+        }
 
     def close(self) -> None:
         self._http.close()
@@ -91,8 +104,13 @@ class Market:
     def send(self, fn_name: str, *args, value: int = 0):
         """Sign and send a contract call; returns the receipt, raises TxReverted on revert."""
         call = getattr(self.contract.functions, fn_name)(*args)
-        with self._send_lock:  # one nonce sequence per key
-            return self.client.send(call, value=value)
+        return self.client.send(call, value=value)
+
+    def send_with_gas(self, gas: int, fn_name: str, *args, value: int = 0):
+        """`send` with a fixed gas limit: no estimate, so it can be sent before it would pass
+        against the current head (a revert then costs the gas used)."""
+        call = getattr(self.contract.functions, fn_name)(*args)
+        return self.client.send(call, value=value, gas=gas)
 
     def block_number(self) -> int:
         return self.w3.eth.block_number
@@ -116,13 +134,15 @@ class Market:
 
     def new_job_ids(self, from_block: int, to_block: int) -> list[int]:
         """Ids of jobs submitted or reopened in [from_block, to_block], oldest first."""
-        events = self.contract.events
-        logs = [
-            *events.JobSubmitted.get_logs(from_block=from_block, to_block=to_block),
-            *events.JobReopened.get_logs(from_block=from_block, to_block=to_block),
-        ]
-        logs.sort(key=lambda e: (e["blockNumber"], e["logIndex"]))
-        return [int(e["args"]["jobId"]) for e in logs]
+        return [int(e["args"]["jobId"]) for e in self.logs(from_block, to_block)
+                if e["event"] in ("JobSubmitted", "JobReopened")]
+
+    def logs(self, from_block: int, to_block: int) -> list:
+        """Every market event in [from_block, to_block], decoded, in chain order."""
+        raw = self.w3.eth.get_logs({"address": self.contract.address, "fromBlock": from_block,
+                                    "toBlock": to_block})
+        return [self._events_by_topic[bytes(log["topics"][0])].process_log(log) for log in raw
+                if log["topics"] and bytes(log["topics"][0]) in self._events_by_topic]
 
     def events_in(self, receipt, name: str) -> list[dict]:
         return [e["args"] for e in getattr(self.contract.events, name)().process_receipt(

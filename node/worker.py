@@ -30,6 +30,7 @@ from node.market import (
     Job,
     Market,
     TxReverted,
+    finalize_gas,
     is_transient,
 )
 from node.metrics import NodeMetrics
@@ -47,8 +48,8 @@ class WorkerConfig:
     min_fee_wei: int = 0
     max_flops: int = 2 * 4096**3
     max_operand_bytes: int = 1 << 30
-    max_in_flight: int = 2
-    poll_interval: float = 0.2
+    max_in_flight: int = 8
+    poll_interval: float = 0.05
     finalize_timeout: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int | None = None
@@ -73,6 +74,7 @@ class JobRecord:
     detail: str = ""
 
 
+ACCOUNT_REFRESH_SECONDS = 1.0
 FINISHED = ("verified", "failed", "lost", "error", "expired")
 
 
@@ -102,23 +104,25 @@ class Worker:
         self._next_block, self.jobs = self._load_state()
         self._api_server = None
         self._withdrawing = False
+        self._account_refreshed = 0.0
+        self._min_stake = 0
 
     # -- persistence ------------------------------------------------------------------
 
-    def _load_state(self) -> tuple[int, dict[int, JobRecord]]:
+    def _load_state(self) -> tuple[int, list[JobRecord]]:
+        """(next block to scan, this node's job attempts; a reopened job may appear twice)."""
         if not self._state_path.exists():
-            return 0, {}
+            return 0, []
         saved = json.loads(self._state_path.read_text())
-        jobs = {int(j["job_id"]): JobRecord(**j) for j in saved["jobs"]}
-        return int(saved["next_block"]), jobs
+        return int(saved["next_block"]), [JobRecord(**j) for j in saved["jobs"]]
 
     def _save_state(self) -> None:
         with self._lock:
-            data = {"next_block": self._next_block, "jobs": [asdict(j) for j in self.jobs.values()]}
-        self._state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self._state_path)
+            data = {"next_block": self._next_block, "jobs": [asdict(j) for j in self.jobs]}
+            self._state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._state_path)
 
     def _set_stage(self, record: JobRecord, stage: str, detail: str = "") -> None:
         with self._lock:
@@ -132,8 +136,8 @@ class Worker:
 
     def status(self) -> dict:
         with self._lock:
-            stages = [j.stage for j in self.jobs.values()]
-            earned = sum(j.fee_wei for j in self.jobs.values() if j.stage == "verified")
+            stages = [j.stage for j in self.jobs]
+            earned = sum(j.fee_wei for j in self.jobs if j.stage == "verified")
         return {
             "address": self.address,
             "device": compute.device_name(self.device),
@@ -149,7 +153,7 @@ class Worker:
 
     def job_list(self) -> list[dict]:
         with self._lock:
-            return [asdict(j) for j in sorted(self.jobs.values(), key=lambda j: -j.job_id)]
+            return [asdict(j) for j in reversed(self.jobs)]
 
     def recent_blocks(self, count: int) -> list[dict]:
         return self.chain.recent_blocks(count)
@@ -218,11 +222,12 @@ class Worker:
             stake = self.chain.stake_of(self.address)
             log.info("registered %s with stake %d wei", self.address, stake)
         self._stake_wei = stake
+        self._min_stake = self.chain.contract.functions.minStake().call()
         self.metrics.stake.set(stake)
 
     def _resume(self) -> None:
         """Pick up jobs a previous run claimed or committed but did not finish."""
-        for record in list(self.jobs.values()):
+        for record in list(self.jobs):
             if record.stage in FINISHED:
                 continue
             job = self.chain.job(record.job_id)
@@ -231,7 +236,8 @@ class Worker:
                 continue
             log.info("resuming job %d (%s)", record.job_id, record.stage)
             self.metrics.in_flight.inc()
-            self._pool.submit(self._process, record, job, job.status == JOB_COMMITTED)
+            start = "finalize" if job.status == JOB_COMMITTED else "compute"
+            self._pool.submit(self._process, record, job, start)
 
     def _poll(self) -> None:
         head = self.chain.block_number()
@@ -241,9 +247,11 @@ class Worker:
                 self._candidates[job_id] = None
             self._next_block = head + 1
             self._save_state()
-        self._stake_wei = self.chain.stake_of(self.address)
-        self._balance_wei = self.chain.balance_of(self.address)
-        self.metrics.stake.set(self._stake_wei)
+        if time.time() - self._account_refreshed > ACCOUNT_REFRESH_SECONDS:
+            self._stake_wei = self.chain.stake_of(self.address)
+            self._balance_wei = self.chain.balance_of(self.address)
+            self.metrics.stake.set(self._stake_wei)
+            self._account_refreshed = time.time()
         for job_id in list(self._candidates):
             busy = self.status()["in_flight"] >= self.config.max_in_flight
             if busy or self._stop.is_set() or self._withdrawing:
@@ -257,29 +265,39 @@ class Worker:
         flops = 2 * job.batch * job.m * job.k * job.n
         operand_bytes = 8 * job.batch * (job.m * job.k + job.k * job.n + job.m * job.n)
         return (
-            job.fee_wei >= self.config.min_fee_wei
+            self._stake_wei >= self._min_stake
+            and job.fee_wei >= self.config.min_fee_wei
             and flops <= self.config.max_flops
             and operand_bytes <= self.config.max_operand_bytes
             and job.precision in PRECISIONS
         )
 
     def _claim(self, job: Job) -> None:
+        """Start claiming on the pool (the record counts as in flight from now on)."""
         record = JobRecord(job.job_id, job.batch, job.m, job.k, job.n, job.fee_wei)
-        try:
-            self._retry(self.chain.send, "claimJob", job.job_id)
-        except TxReverted as err:
-            log.info("claim of job %d lost: %s", job.job_id, err)
-            return
         with self._lock:
-            self.jobs[job.job_id] = record
+            self.jobs.append(record)
+        self.metrics.in_flight.inc()
+        self._pool.submit(self._process, record, job, "claim")
+
+    def _try_claim(self, record: JobRecord) -> bool:
+        try:
+            self._retry(self.chain.send, "claimJob", record.job_id)
+        except TxReverted as err:
+            log.info("claim of job %d lost: %s", record.job_id, err)
+            with self._lock:
+                self.jobs.remove(record)
+            return False
         self._set_stage(record, "claimed")
         self.metrics.jobs.labels("claimed").inc()
-        self.metrics.in_flight.inc()
-        self._pool.submit(self._process, record, job, False)
+        return True
 
-    def _process(self, record: JobRecord, job: Job, committed: bool) -> None:
+    def _process(self, record: JobRecord, job: Job, start: str) -> None:
+        """Take a job from `start` (claim, compute or finalize) to its verdict."""
         try:
-            if not committed:
+            if start == "claim" and not self._try_claim(record):
+                return
+            if start in ("claim", "compute"):
                 self._compute_and_commit(record, job)
             self._finalize(record, job)
         except TxReverted as err:
@@ -292,7 +310,8 @@ class Worker:
             self.metrics.jobs.labels("error").inc()
         finally:
             self.metrics.in_flight.dec()
-            self.metrics.stage_latency.labels("total").observe(time.time() - record.started)
+            if record.stage in FINISHED:
+                self.metrics.stage_latency.labels("total").observe(record.seconds)
 
     def _compute_and_commit(self, record: JobRecord, job: Job) -> None:
         t0 = time.perf_counter()
@@ -325,10 +344,12 @@ class Worker:
             if current.status != JOB_COMMITTED or current.worker != self.address:
                 break
             try:
-                self._retry(self.chain.send, "finalize", job.job_id)
+                # Fixed gas, no estimate: sent right after the commit, the transaction lands
+                # in the next block, the first one where finalising is allowed.
+                self._retry(self.chain.send_with_gas, finalize_gas(job), "finalize", job.job_id)
                 break
             except TxReverted:
-                time.sleep(self.config.poll_interval)  # too early: wait for the next block
+                time.sleep(self.config.poll_interval)
         self.metrics.stage_latency.labels("finalize").observe(time.perf_counter() - t0)
         verdict = self._retry(self.chain.verdict, job.job_id, self.address)
         if verdict is None:

@@ -16,7 +16,6 @@ from chain.blobs import blob_id, encode_array
 from chain.devnet import dev_account
 from node.client import JobClient, RemoteJobError
 from node.devnet import Devnet
-from node.keys import load_or_create
 from node.market import Market
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,8 +31,8 @@ def net(tmp_path_factory):
     try:
         devnet.start_chain()
         # Keys exist before any snapshot so every party is in the conservation sums.
-        for index in range(3):
-            load_or_create(devnet.worker_dir(index) / "key.json", devnet.password_file.read_text())
+        workers = [devnet.worker_account(i).address for i in range(3)]
+        devnet.parties = [dev_account(i).address for i in range(20)] + workers + [MARKET, POOL]
         yield devnet
     finally:
         devnet.close()
@@ -46,20 +45,10 @@ def observer(net):
     market.close()
 
 
-def _parties(net) -> list[str]:
-    workers = [load_or_create(net.worker_dir(i) / "key.json", net.password_file.read_text())
-               for i in range(3)]
-    return [dev_account(i).address for i in range(20)] + [w.address for w in workers] + [
-        MARKET, POOL]
-
-
 def _snapshot(market, net) -> tuple[int, int]:
-    """(head, sum of every party's balance) read at one head (retried until stable)."""
-    while True:
-        head = market.block_number()
-        total = sum(market.balance_of(a) for a in _parties(net))
-        if market.block_number() == head:
-            return head, total
+    """(head, sum of every party's balance at that block)."""
+    head = market.block_number()
+    return head, sum(market.w3.eth.get_balance(a, block_identifier=head) for a in net.parties)
 
 
 def _burned(market, first: int, last: int) -> int:
@@ -203,3 +192,40 @@ def test_blob_with_wrong_hash_is_rejected_and_corruption_detected(net, observer)
     with pytest.raises(Exception, match="different hash"):
         observer.get_blob(id_)
     assert os.path.exists(stored)
+
+
+def test_worker_api_metrics_and_admin_actions(net, observer):
+    worker = next(w for w in net.workers if w.index == 1)
+    api = worker.api_url
+    assert httpx.get(f"{api}/health").json() == {"ok": True}
+    status = httpx.get(f"{api}/status").json()
+    jobs = httpx.get(f"{api}/jobs").json()
+    verified = [j for j in jobs if j["stage"] == "verified"]
+    assert status["address"] == worker.address and status["completed"] == len(verified) == 6
+    assert status["stake_wei"] == observer.stake_of(worker.address)
+    metrics = httpx.get(f"{api}/metrics").text
+    assert 'needle_jobs_total{outcome="verified"} 1.0' in metrics  # since its restart
+    flops = [j for j in jobs if j["stage"] == "verified"][0]
+    assert f"needle_flops_total {2.0 * flops['batch'] * flops['m'] * flops['k'] * flops['n']}" \
+        in metrics
+    assert "/admin/withdraw" in httpx.get(f"{api}/openapi.json").json()["paths"]
+    blocks = httpx.get(f"{api}/blocks?count=3").json()
+    assert [b["number"] for b in blocks] == sorted((b["number"] for b in blocks), reverse=True)
+
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        assert httpx.post(f"{api}/admin/stop", headers=headers).status_code == 403
+        assert httpx.post(f"{api}/admin/withdraw", headers=headers).status_code == 403
+    assert worker.process.poll() is None and observer.worker_info(worker.address)[1] == 0
+
+    admin = {"Authorization": f"Bearer {worker.admin_token}"}
+    requested = httpx.post(f"{api}/admin/withdraw", headers=admin).json()
+    assert requested["requested"] and observer.worker_info(worker.address)[1] == \
+        requested["available_block"]
+    stake = observer.stake_of(worker.address)
+    _wait_for(lambda: observer.block_number() >= requested["available_block"], 30, "cooldown")
+    balance = observer.balance_of(worker.address)
+    assert httpx.post(f"{api}/admin/withdraw", headers=admin).json() == {"withdrawn_wei": stake}
+    assert observer.stake_of(worker.address) == 0
+    assert balance < observer.balance_of(worker.address) <= balance + stake
+    assert httpx.post(f"{api}/admin/stop", headers=admin).json() == {"stopping": True}
+    assert worker.process.wait(30) == 0
