@@ -99,7 +99,7 @@ class SGD(Optimizer):
                     u * self.momentum + grad * (1 - self.momentum)
                 )
                 self.u[i] = grad
-            p.cached_data = _array(p) - grad * self.lr
+            p.cached_data = _array(p) + grad * -self.lr
 
 
 class Adam(Optimizer):
@@ -135,7 +135,7 @@ class Adam(Optimizer):
             v = grad * grad * (1 - b2) if v is None else v * b2 + grad * grad * (1 - b2)
             self.m[i], self.v[i] = m, v
             denom = (v * v_correction) ** 0.5 + self.eps
-            p.cached_data = _array(p) - m * step_size / denom
+            p.cached_data = _array(p) + m * -step_size / denom
 
 
 class StepLR:

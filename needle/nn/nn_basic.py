@@ -6,7 +6,7 @@ import numpy as np
 
 from needle import init, ops
 from needle.autograd import Tensor
-from needle.ops.ops_nn import add_bias, softmax_cross_entropy
+from needle.ops.ops_nn import linear, softmax_cross_entropy
 
 
 class Parameter(Tensor):
@@ -143,9 +143,7 @@ class Linear(Module):
         leading = X.shape[:-1]
         if len(X.shape) > 2:
             X = X.reshape((int(np.prod(leading)), self.in_features))
-        out = X @ self.weight
-        if self.bias is not None:
-            out = add_bias(out, self.bias)
+        out = linear(X, self.weight, self.bias)
         if len(leading) > 1:
             out = out.reshape((*leading, self.out_features))
         return out

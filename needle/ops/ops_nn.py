@@ -1,6 +1,7 @@
 """Fused ops for nn layers: fewer graph nodes and backend calls per training step.
 
-The matrix product itself stays the MatMul op so remote offload still sees it.
+Their products go through MatMul.compute, so remote offload still sees every forward and
+backward matmul. Gradients are constants (first-order autodiff, as training needs).
 """
 
 from __future__ import annotations
@@ -8,21 +9,36 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import NDArray, Tensor, TensorOp
-from .ops_shape import reshape, summation
+from .ops_mathematic import MatMul
+
+_MATMUL = MatMul()
 
 
-class AddBias(TensorOp):
-    """x (batch, features) + b (1, features), the broadcast folded into the op."""
+class Linear(TensorOp):
+    """x (batch, in) @ w (in, out) [+ b (1, out)] as one graph node.
 
-    def compute(self, x: NDArray, b: NDArray) -> NDArray:
-        return x + b.broadcast_to(x.shape)
+    Backward is dx = g w^T, dw = x^T g, db = sum_rows(g), with dx skipped when x needs none.
+    """
+
+    def compute(self, x: NDArray, w: NDArray, b: NDArray | None = None) -> NDArray:
+        out = _MATMUL.compute(x, w)
+        return out if b is None else out + b.broadcast_to(out.shape)
 
     def gradient(self, out_grad, node):
-        return out_grad, reshape(summation(out_grad, (0,)), node.inputs[1].shape)
+        x, w = node.inputs[0], node.inputs[1]
+        g = out_grad.realize_cached_data()
+        grads = [
+            Tensor.make_const(_MATMUL.compute(g, w.realize_cached_data().permute((1, 0))))
+            if x.requires_grad else None,
+            Tensor.make_const(_MATMUL.compute(x.realize_cached_data().permute((1, 0)), g)),
+        ]
+        if len(node.inputs) == 3:
+            grads.append(Tensor.make_const(g.sum(axis=0, keepdims=True)))
+        return tuple(grads)
 
 
-def add_bias(x: Tensor, b: Tensor) -> Tensor:
-    return AddBias()(x, b)
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    return Linear()(x, w) if b is None else Linear()(x, w, b)
 
 
 class SoftmaxCrossEntropy(TensorOp):
@@ -37,17 +53,13 @@ class SoftmaxCrossEntropy(TensorOp):
 
     def compute(self, logits: NDArray) -> NDArray:
         batch, classes = logits.shape
-        if self.labels.size and (self.labels.min() < 0 or self.labels.max() >= classes):
-            raise ValueError(
-                f"labels must lie in [0, {classes}), got {self.labels.min()}..{self.labels.max()}"
-            )
         self.one_hot = logits.device.one_hot(classes, self.labels)
-        shifted = logits - logits.max(axis=1, keepdims=True).broadcast_to(logits.shape)
+        shifted = logits + (logits.max(axis=1, keepdims=True) * -1.0).broadcast_to(logits.shape)
         exp = shifted.exp()
         total = exp.sum(axis=1, keepdims=True)
         self.softmax = exp / total.broadcast_to(logits.shape)
-        log_likelihood = (shifted * self.one_hot).sum(axis=1, keepdims=True) - total.log()
-        return log_likelihood.sum() * (-1.0 / batch)
+        picked = (shifted * self.one_hot).sum()
+        return (total.log().sum() + picked * -1.0) * (1.0 / batch)
 
     def gradient(self, out_grad, node):
         batch = self.softmax.shape[0]
