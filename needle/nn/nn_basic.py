@@ -8,6 +8,26 @@ from needle import init, ops
 from needle.autograd import Tensor
 from needle.ops.ops_nn import linear, softmax_cross_entropy
 
+__all__ = [
+    "Parameter",
+    "Module",
+    "Identity",
+    "Linear",
+    "Flatten",
+    "ReLU",
+    "Tanh",
+    "Sigmoid",
+    "GELU",
+    "Sequential",
+    "SoftmaxLoss",
+    "MSELoss",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "LayerNorm1d",
+    "Dropout",
+    "Residual",
+]
+
 
 class Parameter(Tensor):
     """A tensor that a Module trains: `Module.parameters()` collects exactly these."""

@@ -6,6 +6,12 @@ from needle.autograd import Tensor
 
 from .nn_basic import Module, Parameter, check_shape
 
+__all__ = [
+    "Conv",
+    "MaxPool2d",
+    "AvgPool2d",
+]
+
 
 class Conv(Module):
     """2-D convolution with 'same' padding (kernel_size // 2) and an optional bias."""

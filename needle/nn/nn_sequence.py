@@ -8,6 +8,14 @@ from needle.autograd import Tensor
 
 from .nn_basic import Module, Parameter, check_shape
 
+__all__ = [
+    "RNNCell",
+    "RNN",
+    "LSTMCell",
+    "LSTM",
+    "Embedding",
+]
+
 
 def _uniform(*shape, bound, device, dtype):
     return Parameter(init.rand(*shape, low=-bound, high=bound, device=device, dtype=dtype))

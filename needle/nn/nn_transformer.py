@@ -7,6 +7,13 @@ from needle.autograd import Tensor
 from .nn_basic import Dropout, LayerNorm1d, Linear, Module, ReLU, Sequential, check_shape
 from .nn_sequence import Embedding
 
+__all__ = [
+    "MultiHeadAttention",
+    "AttentionLayer",
+    "TransformerLayer",
+    "Transformer",
+]
+
 _MASKED = -1e9  # added to masked logits; finite so that no inf - inf can make a NaN
 
 
