@@ -101,11 +101,11 @@ class Value:
         value = cls.__new__(cls)
         value.grad = None
         requires_grad = False
-        if _grad_enabled:
-            for x in inputs:
-                if x.requires_grad:
-                    requires_grad = True
-                    break
+        for x in inputs:
+            if not isinstance(x, Value):
+                raise TypeError(f"{type(op).__name__} takes tensors, got {type(x).__name__} {x!r}")
+            requires_grad = requires_grad or x.requires_grad
+        requires_grad = requires_grad and _grad_enabled
         value.requires_grad = requires_grad
         if LAZY_MODE and _grad_enabled:
             value.op, value.inputs, value.cached_data = op, tuple(inputs), None

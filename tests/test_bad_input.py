@@ -135,3 +135,10 @@ def test_unavailable_device_says_so():
     assert not hasattr(ndl.cuda(), "matmul")
     with pytest.raises(AttributeError, match="device cuda is not available here"):
         ndl.Tensor(np.ones(2), device=ndl.cuda())
+
+
+def test_ops_take_tensors(device):
+    with pytest.raises(TypeError, match="EWiseAdd takes tensors, got int 2"):
+        ops.add(t((2,), device), 2)
+    with pytest.raises(TypeError, match="MatMul takes tensors, got ndarray"):
+        ops.matmul(t((2, 2), device), np.ones((2, 2)))
