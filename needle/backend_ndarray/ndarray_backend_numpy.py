@@ -44,10 +44,10 @@ def _strided(a: Array, shape, strides, offset: int) -> np.ndarray:
     )
 
 
-def _same_size(*arrays: Array) -> None:
-    size = arrays[0].array.size
-    if any(x.array.size != size for x in arrays[1:]):
-        raise ValueError(f"buffer sizes differ: {[x.array.size for x in arrays]}")
+def _check_sizes(out: Array, *inputs: Array) -> None:
+    for x in inputs:
+        if x.array.size != out.array.size:
+            raise ValueError(f"buffer sizes differ: {x.array.size} and {out.array.size}")
 
 
 def fill(out: Array, val: float) -> None:
@@ -78,7 +78,7 @@ def scalar_setitem(size: int, val: float, out: Array, shape, strides, offset: in
 
 def _ewise(fn):
     def op(a: Array, b: Array, out: Array) -> None:
-        _same_size(a, b, out)
+        _check_sizes(out, a, b)
         fn(a.array, b.array, out=out.array)
 
     op.__name__ = fn.__name__
@@ -87,7 +87,7 @@ def _ewise(fn):
 
 def _scalar(fn):
     def op(a: Array, val: float, out: Array) -> None:
-        _same_size(a, out)
+        _check_sizes(out, a)
         fn(a.array, np.float32(val), out=out.array)
 
     op.__name__ = fn.__name__
@@ -96,7 +96,7 @@ def _scalar(fn):
 
 def _unary(fn):
     def op(a: Array, out: Array) -> None:
-        _same_size(a, out)
+        _check_sizes(out, a)
         fn(a.array, out=out.array)
 
     op.__name__ = fn.__name__

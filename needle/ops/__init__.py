@@ -1,60 +1,20 @@
-"""needle's operators: each Op computes on NDArrays and differentiates on Tensors."""
+"""needle's operators: each Op computes on NDArrays and differentiates on Tensors.
 
-from .ops_conv import conv, dilate, flip, undilate
-from .ops_logarithmic import logsumexp
-from .ops_mathematic import (
-    add,
-    add_scalar,
-    divide,
-    divide_scalar,
-    exp,
-    log,
-    matmul,
-    mul_scalar,
-    multiply,
-    negate,
-    power,
-    power_scalar,
-    relu,
-    sigmoid,
-    sqrt,
-    tanh,
+Both the Op classes (EWiseAdd, Summation, Conv, ...) and their functions (add,
+summation, conv, ...) are exported, as in CMU's needle.
+"""
+
+from . import ops_conv, ops_logarithmic, ops_mathematic, ops_shape, ops_tuple
+from .ops_conv import *  # noqa: F403
+from .ops_logarithmic import *  # noqa: F403
+from .ops_mathematic import *  # noqa: F403
+from .ops_shape import *  # noqa: F403
+from .ops_tuple import *  # noqa: F403
+
+__all__ = (
+    ops_conv.__all__
+    + ops_logarithmic.__all__
+    + ops_mathematic.__all__
+    + ops_shape.__all__
+    + ops_tuple.__all__
 )
-from .ops_shape import broadcast_to, getitem, max, reshape, scatter_into_zeros, summation, transpose
-from .ops_tuple import concatenate, make_tuple, split, stack, tuple_get_item
-
-__all__ = [
-    "add",
-    "add_scalar",
-    "broadcast_to",
-    "concatenate",
-    "conv",
-    "dilate",
-    "divide",
-    "divide_scalar",
-    "exp",
-    "flip",
-    "getitem",
-    "log",
-    "logsumexp",
-    "make_tuple",
-    "matmul",
-    "max",
-    "mul_scalar",
-    "multiply",
-    "negate",
-    "power",
-    "power_scalar",
-    "relu",
-    "reshape",
-    "scatter_into_zeros",
-    "sigmoid",
-    "split",
-    "sqrt",
-    "stack",
-    "summation",
-    "tanh",
-    "transpose",
-    "tuple_get_item",
-    "undilate",
-]

@@ -6,6 +6,18 @@ from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_ndarray.ndarray import _normalize_axes
 from .ops_shape import getitem, scatter_into_zeros, transpose
 
+__all__ = [
+    "Flip",
+    "flip",
+    "Dilate",
+    "dilate",
+    "UnDilate",
+    "undilate",
+    "Conv",
+    "conv",
+    "ConvKernelGrad",
+]
+
 
 class Flip(TensorOp):
     def __init__(self, axes):

@@ -6,6 +6,11 @@ from ..autograd import NDArray, Tensor, TensorOp
 from .ops_mathematic import exp
 from .ops_shape import _keepdims_shape, _reduced_axes, broadcast_to, reshape
 
+__all__ = [
+    "LogSumExp",
+    "logsumexp",
+]
+
 
 class LogSumExp(TensorOp):
     """log(sum(exp(z), axes)), computed as max + log(sum(exp(z - max)))."""

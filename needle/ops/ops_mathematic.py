@@ -8,6 +8,41 @@ from ..autograd import NDArray, Tensor, TensorOp
 from ..remote import active_offload
 from .ops_shape import _broadcast_grad, transpose
 
+__all__ = [
+    "EWiseAdd",
+    "add",
+    "AddScalar",
+    "add_scalar",
+    "EWiseMul",
+    "multiply",
+    "MulScalar",
+    "mul_scalar",
+    "EWiseDiv",
+    "divide",
+    "DivScalar",
+    "divide_scalar",
+    "PowerScalar",
+    "power_scalar",
+    "EWisePow",
+    "power",
+    "Negate",
+    "negate",
+    "Log",
+    "log",
+    "Exp",
+    "exp",
+    "ReLU",
+    "relu",
+    "Tanh",
+    "tanh",
+    "Sigmoid",
+    "sigmoid",
+    "Sqrt",
+    "sqrt",
+    "MatMul",
+    "matmul",
+]
+
 
 class EWiseAdd(TensorOp):
     def compute(self, a: NDArray, b: NDArray) -> NDArray:

@@ -5,6 +5,23 @@ from __future__ import annotations
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_ndarray.ndarray import _normalize_axes
 
+__all__ = [
+    "Transpose",
+    "transpose",
+    "Reshape",
+    "reshape",
+    "BroadcastTo",
+    "broadcast_to",
+    "Summation",
+    "summation",
+    "Max",
+    "max",
+    "GetItem",
+    "getitem",
+    "ScatterIntoZeros",
+    "scatter_into_zeros",
+]
+
 
 def _reduced_axes(axes, ndim: int) -> tuple[int, ...]:
     return tuple(range(ndim)) if axes is None else _normalize_axes(axes, ndim, "reduce")

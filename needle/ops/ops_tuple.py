@@ -8,6 +8,19 @@ from ..autograd import NDArray, Tensor, TensorOp, TensorTuple, TensorTupleOp, Va
 from ..backend_ndarray.ndarray import _normalize_axes
 from .ops_shape import getitem
 
+__all__ = [
+    "MakeTensorTuple",
+    "make_tuple",
+    "TupleGetItem",
+    "tuple_get_item",
+    "Stack",
+    "stack",
+    "Split",
+    "split",
+    "Concatenate",
+    "concatenate",
+]
+
 
 class MakeTensorTuple(TensorTupleOp):
     def compute(self, *args: NDArray) -> tuple[NDArray, ...]:
