@@ -1,6 +1,7 @@
 """The worker dashboard in headless Chromium, driven over the DevTools protocol: the page
 loads, lists a finished job, and updates by itself after a new one."""
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -40,7 +41,8 @@ class Page:
         port = int(port_file.read_text().split()[0])
         targets = httpx.get(f"http://127.0.0.1:{port}/json/list").json()
         page = next(t for t in targets if t["type"] == "page")
-        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None)
+        self._closing = contextlib.ExitStack()
+        self.ws = self._closing.enter_context(connect(page["webSocketDebuggerUrl"], max_size=None))
         self.next_id = 0
 
     def call(self, method, **params):
@@ -57,7 +59,7 @@ class Page:
         return result["result"].get("value")
 
     def close(self):
-        self.ws.close()
+        self._closing.close()
         self.process.terminate()
         self.process.wait(10)
 
