@@ -44,6 +44,7 @@ struct AlignedFree {
 
 // An uninitialised cache-line aligned float buffer (like np.empty); aligned_alloc needs whole lines.
 std::unique_ptr<scalar_t[], AlignedFree> aligned_buffer(size_t elements) {
+  if (elements > (SIZE_MAX - kAlignment) / sizeof(scalar_t)) throw std::bad_alloc();
   size_t bytes = std::max<size_t>(elements * sizeof(scalar_t), kAlignment);
   bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* ptr = std::aligned_alloc(kAlignment, bytes);
@@ -74,7 +75,7 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
 }
 
 // Checks that the strided view (shape, strides, offset) stays inside a buffer of `size`
-// elements and holds `expected` elements; returns the number of elements in the view.
+// elements; returns the number of elements in the view.
 int64_t check_view(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
                    int64_t offset, int64_t size, const char* what) {
   if (shape.size() != strides.size()) {
@@ -186,7 +187,13 @@ void ewise_setitem(const AlignedArray& a, AlignedArray& out, std::vector<int64_t
     throw py::value_error("ewise_setitem: view has " + std::to_string(numel) +
                           " elements but the source has " + std::to_string(a.size));
   }
+  std::unique_ptr<scalar_t[], AlignedFree> copy;
   const scalar_t* src = a.ptr();
+  if (src == out.ptr()) {  // x[view] = x: read everything before writing any of it
+    copy = aligned_buffer(static_cast<size_t>(a.size));
+    std::copy(a.ptr(), a.ptr() + a.size, copy.get());
+    src = copy.get();
+  }
   scalar_t* dst = out.ptr();
   for_each_in_view(shape, strides, offset, [&](int64_t i, int64_t j) { dst[j] = src[i]; });
 }

@@ -62,6 +62,8 @@ def test_module_attributes_and_array():
     assert a.ptr() != cpu.Array(10).ptr()
     with pytest.raises(ValueError, match="size"):
         cpu.Array(-1)
+    with pytest.raises(MemoryError):
+        cpu.Array(1 << 62)  # 2**64 bytes: the byte count must not wrap around
 
 
 def test_fill_and_numpy_round_trip():
@@ -119,6 +121,13 @@ def test_setitem_random_views(seed):
     expected = base.copy()
     expected[idx] = -3.0
     np.testing.assert_array_equal(flat(out), expected)
+
+
+def test_setitem_from_its_own_buffer():
+    x = np.arange(12, dtype=np.float32)
+    a = to_array(x)
+    cpu.ewise_setitem(a, a, (3, 4), (-4, -1), 11)  # a[::-1] = a
+    np.testing.assert_array_equal(flat(a), x[::-1])
 
 
 def test_large_strided_copy_matches_numpy():
