@@ -44,7 +44,7 @@ def worker(opts: argparse.Namespace) -> None:
     use_nccl = opts.device == "cuda" and nccl_available()
     comm = NcclCommunicator(host) if use_nccl else host
     np.random.seed(0)
-    model = DataParallel(ResNet9(device=device, dtype="float32"), comm)
+    model = DataParallel(ResNet9(device=device), comm, check_finite=not opts.skip_finite_check)
     opt = ndl.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.SoftmaxLoss()
     rng = np.random.default_rng(host.rank)
@@ -83,6 +83,7 @@ def run(ranks: int, threads: int, opts: argparse.Namespace) -> dict:
 
     args = ["--worker", "--device", opts.device, "--batch", str(opts.batch)]
     args += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
+    args += ["--skip-finite-check"] if opts.skip_finite_check else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(
         launch_command(ranks, os.path.abspath(__file__), args),
@@ -101,6 +102,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads per CPU rank")
+    parser.add_argument(
+        "--skip-finite-check", action="store_true", help="DataParallel(check_finite=False)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -115,7 +119,11 @@ def main() -> None:
         configs.append((1, 2 * opts.threads))  # one process using every core the 2 ranks use
     results = [run(ranks, threads, opts) for ranks, threads in configs]
     base = results[0]["images_per_s"]
-    print(f"ResNet9, 32x32, {opts.device}, batch {opts.batch}/rank, {opts.steps} timed steps")
+    check = "off" if opts.skip_finite_check else "on"
+    print(
+        f"ResNet9, 32x32, {opts.device}, batch {opts.batch}/rank, {opts.steps} timed steps, "
+        f"finite check {check}"
+    )
     print(f"{'ranks':>5} {'threads/rank':>12} {'allreduce':>9} {'images/s':>9} {'vs 1 rank':>9}")
     for r in results:
         threads = r["threads"] if not gpu else "-"

@@ -53,6 +53,7 @@ def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload
         assert refusals["nan"].startswith(
             "non-finite gradients (NaN or inf on some rank) for parameters [0, 1, 2, 3, 4, 5]"
         )
+        assert refusals["unchecked_nan_grads"]  # with check_finite=False
 
 
 def test_buckets_cover_every_parameter_once_in_backward_order():

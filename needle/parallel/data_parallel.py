@@ -64,10 +64,19 @@ def _make_bucket(params: list[Parameter]) -> Bucket:
 class DataParallel(Module):
     """Wraps a module so that every rank trains the same weights on its shard of each batch."""
 
-    def __init__(self, module: Module, comm: Communicator | None = None, bucket_mb: float = 4.0):
+    def __init__(
+        self,
+        module: Module,
+        comm: Communicator | None = None,
+        bucket_mb: float = 4.0,
+        check_finite: bool = True,
+    ):
+        """`check_finite` refuses NaN/inf gradients (see `sync_gradients`); on a GPU the check
+        waits for the allreduce every step, which keeps ranks from running ahead of each other."""
         super().__init__()
         self.module = module
         self.comm = comm if comm is not None else Communicator()
+        self.check_finite = check_finite
         params = module.parameters()
         self._check_same_architecture(params)
         self._buckets = plan_buckets(params, int(bucket_mb * 2**20))
@@ -132,14 +141,15 @@ class DataParallel(Module):
             requests.append(self.comm.iallreduce_sum_(buffer))
         for request in requests:
             request.Wait()
-        self._check_finite()
+        if self.check_finite:
+            self._refuse_non_finite()
         for bucket, buffer in zip(self._buckets, self._buffers, strict=True):
             for param, offset in zip(bucket.params, bucket.offsets, strict=True):
                 view = buffer[offset : offset + _numel(param)]
                 grad = self.comm.unpack(view, param.shape, param.device)
                 param.grad = ndl.Tensor(grad, requires_grad=False)
 
-    def _check_finite(self) -> None:
+    def _refuse_non_finite(self) -> None:
         """Refuse summed gradients with NaN or inf before they reach any parameter.
 
         Every rank holds the same sums, so every rank raises together and the

@@ -63,5 +63,8 @@ for name, attempt in {
         refusals[name] = "accepted"
     except (ValueError, FloatingPointError) as err:
         refusals[name] = str(err)
+model.check_finite = False  # the same NaN now goes through, on every rank
+nan_on_rank_1()
+refusals["unchecked_nan_grads"] = all(np.isnan(p.grad.numpy()).all() for p in model.parameters())
 with open(f"{outdir}/refusals{comm.rank}.json", "w") as f:
     json.dump(refusals, f)
