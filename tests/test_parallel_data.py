@@ -21,11 +21,11 @@ TWO_GPUS = pytest.mark.skipif(
     "batch, bucket_mb, offload, device",
     [
         (8, 4.0, "local", "cpu"),  # one bucket, even shards
-        (7, 0.0005, "local", "cpu"),  # ~20 buckets, shards of 4 and 3 rows
-        (8, 0.001, "offload", "cpu"),  # matmuls through needle.remote's offload policy
-        pytest.param(7, 0.0005, "local", "cuda", marks=TWO_GPUS),  # NCCL, buckets on GPU
+        (7, 1e-6, "local", "cpu"),  # a bucket per parameter, shards of 4 and 3 rows
+        (8, 0.001, "offload", "cpu"),  # 2 buckets; matmuls through needle.remote's offload
+        pytest.param(7, 1e-6, "local", "cuda", marks=TWO_GPUS),  # NCCL, buckets on GPU
     ],
-    ids=["one-bucket-even", "many-buckets-uneven", "offloaded-matmuls", "nccl-two-gpus"],
+    ids=["one-bucket-even", "bucket-per-param-uneven", "offloaded-matmuls", "nccl-two-gpus"],
 )
 def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload, device):
     run_mpi("dp_train.py", tmp_path, STEPS, batch, bucket_mb, offload, device)
