@@ -24,8 +24,15 @@ TWO_GPUS = pytest.mark.skipif(
         (7, 1e-6, "local", "cpu"),  # a bucket per parameter, shards of 4 and 3 rows
         (8, 0.001, "offload", "cpu"),  # 2 buckets; matmuls through needle.remote's offload
         pytest.param(7, 1e-6, "local", "cuda", marks=TWO_GPUS),  # NCCL, buckets on GPU
+        pytest.param(7, 1e-6, "local", "cuda-mpi", marks=TWO_GPUS),  # staged through host
     ],
-    ids=["one-bucket-even", "bucket-per-param-uneven", "offloaded-matmuls", "nccl-two-gpus"],
+    ids=[
+        "one-bucket-even",
+        "bucket-per-param-uneven",
+        "offloaded-matmuls",
+        "nccl-two-gpus",
+        "mpi-two-gpus",
+    ],
 )
 def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload, device):
     run_mpi("dp_train.py", tmp_path, STEPS, batch, bucket_mb, offload, device)

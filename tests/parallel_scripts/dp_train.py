@@ -17,14 +17,15 @@ from needle.parallel.comm import select_gpu_for_rank
 from needle.remote import LocalExecutor
 from needle.remote import offload as offload_to
 
-ON_GPU = sys.argv[6] == "cuda"
+# "cpu"; "cuda" (NCCL, buckets on the GPU); "cuda-mpi" (GPU model, buckets staged through host MPI)
+ON_GPU = sys.argv[6].startswith("cuda")
 if ON_GPU:
     select_gpu_for_rank()  # before the first use of CUDA: one GPU per rank
 
 outdir, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 bucket_mb, offload = float(sys.argv[4]), sys.argv[5] == "offload"
 device = ndl.cuda() if ON_GPU else CPU
-comm = NcclCommunicator(Communicator()) if ON_GPU else Communicator()
+comm = NcclCommunicator(Communicator()) if sys.argv[6] == "cuda" else Communicator()
 # Rank 1 starts from different weights: DataParallel must broadcast rank 0's.
 model = DataParallel(make_model(seed=comm.rank, device=device), comm, bucket_mb=bucket_mb)
 opt = ndl.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
