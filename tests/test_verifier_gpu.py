@@ -13,6 +13,23 @@ except Exception as err:  # CuPy without a usable GPU
 SEED = b"gpu" * 11
 
 
+@pytest.mark.parametrize("columns", [1, 16, 64])
+def test_fused_kernel_matches_float64_products(columns):
+    from verifier.gpu import signed_and_abs
+
+    rng = np.random.default_rng(columns)
+    M = rng.standard_normal((300, 1000), dtype=np.float32)
+    W = rng.standard_normal((1000, columns))
+    v = rng.random(1000)
+    S, a = signed_and_abs(cupy.asarray(M), cupy.asarray(W), cupy.asarray(v))
+    M64 = M.astype(np.float64)
+    np.testing.assert_allclose(cupy.asnumpy(S), M64 @ W, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(a), np.abs(M64) @ v, rtol=1e-12)
+    strided = cupy.asarray(M.T.copy()).T  # same values, column-major
+    S_t, _ = signed_and_abs(strided, cupy.asarray(W), cupy.asarray(v))
+    np.testing.assert_allclose(cupy.asnumpy(S_t), M64 @ W, rtol=1e-12, atol=1e-12)
+
+
 def test_float_verdicts_match_the_host_and_gpu_matmul_passes():
     rng = np.random.default_rng(0)
     for m, k, n in [(1, 1, 1), (65, 300, 33), (1024, 1024, 1024)]:

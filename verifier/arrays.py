@@ -37,6 +37,10 @@ def products(xp: ModuleType, M, W, V, dtype):
     value and any conversion to dtype never make a full-size copy of M.
     """
     if xp is not np:
+        if M.dtype == np.float32 and dtype == np.float64 and V is not None and V.ndim == 1:
+            from verifier.gpu import signed_and_abs
+
+            return signed_and_abs(M, W, V)
         Mx = M.astype(dtype, copy=False)
         return Mx @ W, (None if V is None else xp.abs(Mx) @ V)
     rows, cols = M.shape
@@ -51,7 +55,7 @@ def products(xp: ModuleType, M, W, V, dtype):
             if V is not None:
                 np.abs(blk, out=out)
         else:
-            np.copyto(out, blk, casting="safe")
+            np.copyto(out, blk, casting="unsafe")  # callers keep values exact in dtype
             np.matmul(out, W, out=signed[i : i + step])
             if V is not None:
                 np.abs(out, out=out)

@@ -1,7 +1,8 @@
 """Exact mode: C = A B over the integers, checked by Freivalds modulo p = 2^61 - 1.
 
 Matrix entries stay as they are; the vectors, uniform in Z_p, are cut into w-bit limbs with
-w chosen so that every int64 partial sum of (matrix) x (limb) is below 2^62: no overflow in
+w chosen so that every partial sum of (matrix) x (limb) is an integer below 2^53 (float64
+BLAS, exact) or, for very large entries or inner dimensions, below 2^62 (int64): exact in
 any summation order. Limb results are reduced mod p and recombined with shifts, which mod a
 Mersenne prime are 61-bit rotations.
 """
@@ -58,11 +59,16 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int):
         low = matmul_mod_p(xp, M64 & (SPLIT - 1), V, SPLIT - 1)
         return add_mod(xp, rotate(xp, high, 32), low)
     inner, cols = V.shape
-    width = 62 - bound.bit_length() - inner.bit_length()  # inner * bound * 2^width <= 2^62
+    bits = bound.bit_length() + inner.bit_length()
+    if bits <= 45:  # float64 BLAS: every partial sum below 2^53, so exact in any order
+        width, dtype = 53 - bits, np.float64
+    else:  # int64 (numpy's own loops): every partial sum below 2^62
+        width, dtype = 62 - bits, np.int64
     limbs = -(-61 // width)
     mask = (1 << width) - 1
     pieces = xp.concatenate([(V >> (width * i)) & mask for i in range(limbs)], axis=1)
-    sums, _ = products(xp, M, pieces, None, np.int64)
+    sums, _ = products(xp, M, pieces.astype(dtype), None, dtype)
+    sums = sums.astype(np.int64)
     sums %= P
     out = sums[:, :cols]
     for i in range(1, limbs):

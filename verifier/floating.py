@@ -77,7 +77,8 @@ def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.floa
     s = (s_hat.astype(np.float64) + eta_n) / (1 - g_n)  # upper bound on |B| 1
     weights = up(xp, w_t * s + w_rho, dtype)
     Y, a_hat = products(xp, A, X, weights, dtype)
-    if not all(bool(xp.isfinite(v).all()) for v in (X, Z, Y, weights, c_hat, a_hat)):
+    computed = (X, Z, Y, weights, c_hat, a_hat)
+    if not bool(xp.isfinite(xp.concatenate([v.ravel() for v in computed])).all()):
         return None
     a_term = (a_hat.astype(np.float64) + eta_k) / (1 - g_k)
     c = (c_hat.astype(np.float64) + eta_n) / (1 - g_n)
