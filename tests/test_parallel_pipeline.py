@@ -46,9 +46,9 @@ def test_two_stages_four_micro_batches_match_unsplit(batch, devices):
     pipe = Pipeline(make_stages(seed=5), devices, micro_batches=4)
     loss = pipe.forward_backward(x, y, nn.SoftmaxLoss())
     expected = reference_gradients(seed=5, x=x, y=y, device=ndl.cpu())
-    got = pipe.parameters()
-    for p, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(p.grad.numpy(), e, rtol=1e-4, atol=1e-6)
+    rtol = 1e-4 if ndl.cuda() in devices else 1e-5
+    for p, e in zip(pipe.parameters(), expected, strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), e, rtol=rtol, atol=1e-6)
     model = nn.Sequential(*make_stages(seed=5))
     full = nn.SoftmaxLoss()(model(ndl.Tensor(x, device=CPU)), ndl.Tensor(y, device=CPU)).numpy()
     np.testing.assert_allclose(loss, full, rtol=1e-5)
