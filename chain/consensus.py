@@ -20,6 +20,7 @@ from eth.consensus.noproof import NoProofConsensus
 from eth.db.chain import ChainDB
 from eth.typing import Address
 from eth.vm.forks.prague.receipts import PragueReceiptBuilder
+from eth_bloom import BloomFilter
 from eth_hash.auto import keccak
 from eth_utils import ValidationError, event_abi_to_log_topic
 
@@ -36,6 +37,12 @@ def _job_verified_topic() -> bytes:
 
 
 JOB_VERIFIED_TOPIC = _job_verified_topic()
+
+
+def may_hold_work(header: BlockHeaderAPI) -> bool:
+    """False when the header's bloom rules out any JobVerified event (skip the receipts)."""
+    bloom = BloomFilter(header.bloom)
+    return MARKET_ADDRESS in bloom and JOB_VERIFIED_TOPIC in bloom
 
 
 def verified_work(receipts: Iterable[ReceiptAPI]) -> list[Work]:
@@ -80,8 +87,10 @@ class PoUWConsensus(NoProofConsensus):
     def validate_seal(self, header: BlockHeaderAPI) -> None:
         if header.block_number == 0:
             return
-        receipts = self.chaindb.get_receipts(header, PragueReceiptBuilder)
-        expected = work_seal(verified_work(receipts))
+        work = []
+        if may_hold_work(header):
+            work = verified_work(self.chaindb.get_receipts(header, PragueReceiptBuilder))
+        expected = work_seal(work)
         if header.extra_data != expected:
             raise ValidationError(
                 f"block #{header.block_number} seal {header.extra_data.hex()} does not commit "

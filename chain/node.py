@@ -43,6 +43,10 @@ class NodeConfig:
     block_time: float = 1.0
     seal_on_pending: bool = True
     max_block_txs: int = 5000
+    # once transactions are pending, keep gathering while more keep arriving (at most
+    # gather_s): a block's fixed cost (tries, persist, flush) is then shared by many
+    gather_s: float = 0.25
+    quiet_s: float = 0.02
     max_blob_bytes: int = 256 * 2**20
 
 
@@ -228,7 +232,8 @@ class Node:
             block = vm.block_postprocessing(block)
             try:
                 sealed = vm.mine_block(block, extra_data=work_seal(verified_work(receipts))).block
-                self.chain.persist_block(sealed)
+                # mine_block validated the block as it built it; skip a second validation
+                self.chain.persist_block(sealed, perform_validation=False)
                 self.db.flush()
                 self._head = sealed.header
             except BaseException:
@@ -239,6 +244,16 @@ class Node:
         for callback in self.on_block:
             callback(sealed, receipts)
         return sealed
+
+    def _gather(self) -> None:
+        deadline = time.monotonic() + self.config.gather_s
+        size = len(self.mempool)
+        while time.monotonic() < deadline and 0 < size < self.config.max_block_txs:
+            time.sleep(self.config.quiet_s)
+            grown = len(self.mempool)
+            if grown == size:
+                return
+            size = grown
 
     def _produce(self) -> None:
         last = time.monotonic()
@@ -254,6 +269,7 @@ class Node:
                     self._wake.wait(timeout)
                 if self._stop:
                     return
+            self._gather()
             try:
                 self.seal()
             except Exception:

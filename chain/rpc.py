@@ -151,8 +151,11 @@ class Rpc:
         if method is None:
             return self._error(rid, RpcError(-32601, f"method {request['method']} not found"))
         try:
-            with self.node.lock:
+            if method == self.rpc_eth__sendRawTransaction:  # decodes and recovers unlocked
                 result = method(*params)
+            else:
+                with self.node.lock:
+                    result = method(*params)
         except RpcError as exc:
             return self._error(rid, exc)
         except TypeError as exc:

@@ -5,10 +5,11 @@ from eth.abc import BlockAPI
 from eth.chains.base import Chain
 from eth.vm.forks.prague import PragueVM
 from eth.vm.forks.prague.computation import PragueComputation
+from eth.vm.forks.prague.constants import DEPOSIT_REQUEST_TYPE
 from eth.vm.forks.prague.state import PragueState
 
 from chain.blobs import BlobStore
-from chain.consensus import PoUWConsensus, block_rewards, verified_work
+from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
 from chain.precompile import make_freivalds_precompile
 
@@ -20,11 +21,17 @@ class PoUWVMBase(PragueVM):
     consensus_class = PoUWConsensus
 
     def _assign_block_rewards(self, block: BlockAPI) -> None:
+        if not may_hold_work(block.header):
+            return
         work = verified_work(block.get_receipts(self.chaindb))
         rewards = block_rewards(work, self.state.get_balance(REWARD_POOL_ADDRESS))
         for worker, amount in rewards.items():
             self.state.delta_balance(REWARD_POOL_ADDRESS, -amount)
             self.state.delta_balance(worker, amount)
+
+    def process_deposit_request_data(self, block: BlockAPI) -> None:
+        """No deposit contract exists on this chain: an empty deposit list, no receipt scan."""
+        block.block_requests.append(DEPOSIT_REQUEST_TYPE)
 
 
 def build_chain_class(store: BlobStore) -> type[Chain]:
