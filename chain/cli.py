@@ -38,6 +38,11 @@ def up(
                            seal_on_pending=seal_on_pending, max_blob_bytes=max_blob_mb * 2**20))
     typer.echo(f"chain id {CHAIN_ID}, head #{node.head().block_number}, data dir {data_dir}")
     typer.echo(f"market contract {to_checksum_address(MARKET_ADDRESS)}")
+    from chain.devnet import dev_accounts
+
+    typer.echo("dev accounts (public test mnemonic, see `chain accounts --keys`):")
+    for i, account in enumerate(dev_accounts(5)):
+        typer.echo(f"  {i} {account.address}")
     typer.echo(f"JSON-RPC http://{host}:{port}/  blobs http://{host}:{port}/blobs")
     node.start()
     try:
