@@ -493,7 +493,7 @@ class NDArray:
             return
         self._written()
         if isinstance(other, NDArray):
-            if other._device != self._device:
+            if other._device is not self._device and other._device != self._device:
                 raise ValueError(f"setitem: value on {other.device}, array on {self.device}")
             source = other.broadcast_to(view.shape).compact()
             self._device.ewise_setitem(
@@ -510,7 +510,7 @@ class NDArray:
         if isinstance(other, NDArray):
             if other._shape != self._shape:
                 raise ValueError(f"{name}: shapes {self._shape} and {other._shape} differ")
-            if other._device != self._device:
+            if other._device is not self._device and other._device != self._device:
                 raise ValueError(f"{name}: arrays on {self._device} and {other._device}")
             ewise(self.compact()._handle, other.compact()._handle, out._handle)
         else:
@@ -593,7 +593,7 @@ class NDArray:
         """Matrix product; leading (batch) axes broadcast like numpy.matmul."""
         if self.ndim < 2 or other.ndim < 2:
             raise ValueError(f"matmul needs >= 2-D operands, got {self._shape} @ {other._shape}")
-        if other._device != self._device:
+        if other._device is not self._device and other._device != self._device:
             raise ValueError(f"matmul: arrays on {self._device} and {other._device}")
         (m, n), (n2, p) = self._shape[-2:], other._shape[-2:]
         if n != n2:
