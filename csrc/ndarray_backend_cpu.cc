@@ -459,9 +459,12 @@ void gemm(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t 
   const int threads = team_size(2 * m * n * p >= kParallelFlops);
   constexpr int64_t kTilesPerThread = 8;
 
-  auto b_packed = aligned_buffer(static_cast<size_t>(KC * max_slivers * NR));
+  const int64_t max_kc = std::min(KC, n), max_mc = std::min(MC, m);
+  auto b_packed = aligned_buffer(static_cast<size_t>(max_kc * max_slivers * NR));
   std::vector<std::unique_ptr<scalar_t[], AlignedFree>> a_packed;
-  for (int t = 0; t < threads; ++t) a_packed.push_back(aligned_buffer(MC * KC));
+  for (int t = 0; t < threads; ++t) {  // sized to the problem: small products stay off mmap
+    a_packed.push_back(aligned_buffer(static_cast<size_t>((max_mc + MR - 1) / MR * MR * max_kc)));
+  }
 
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
