@@ -13,7 +13,7 @@ except Exception as err:  # CuPy without a usable GPU
 SEED = b"gpu" * 11
 
 
-@pytest.mark.parametrize("columns", [1, 16, 64])
+@pytest.mark.parametrize("columns", [1, 3, 16, 64])
 def test_fused_kernel_matches_float64_products(columns):
     from verifier.gpu import signed_and_abs
 

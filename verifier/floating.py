@@ -48,9 +48,10 @@ def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, int, str |
             return float("inf"), -1, f"NaN or Inf in {' and '.join(bad)}"
         found = residual_and_bound(xp, A, B, C, R, precision, np.float64)
     residual, tau = found
-    excess = residual - tau[:, None]
-    row = int(xp.argmax(excess.max(axis=1)))
-    return float(excess[row].max()), row, None
+    row_excess = (residual - tau[:, None]).max(axis=1)
+    row_excess = row_excess if xp is np else row_excess.get()  # one transfer, not one per row
+    row = int(np.argmax(row_excess))
+    return float(row_excess[row]), row, None
 
 
 def up(xp: ModuleType, x, dtype):
@@ -82,6 +83,6 @@ def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.floa
         return None
     a_term = (a_hat.astype(np.float64) + eta_k) / (1 - g_k)
     c = (c_hat.astype(np.float64) + eta_n) / (1 - g_n)
-    constant = f * (1 + u_in) * TINY * float(s.sum()) + n * (10 * k + 2) * TINY + eta_n + eta_k
+    constant = f * (1 + u_in) * TINY * s.sum() + n * (10 * k + 2) * TINY + eta_n + eta_k
     tau = SAFETY * (a_term + g_n * c + constant)
     return xp.abs(Z.astype(np.float64) - Y.astype(np.float64)), tau
