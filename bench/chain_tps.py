@@ -13,7 +13,7 @@ transactions included in sealed blocks per second of wall time, from the first s
 moment every sender's nonce is mined. Also reported: jobs per second through submitJobs
 (many jobs per transaction).
 
-    python bench/chain_tps.py [--txs 2000] [--reference-txs 200] [--senders 8]
+    python bench/chain_tps.py [--txs 2000] [--reference-txs 200] [--senders 8] [--many-txs 64]
 """
 from __future__ import annotations
 
@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=8)
     parser.add_argument("--batch", type=int, default=100, help="txs per JSON-RPC batch")
     parser.add_argument("--jobs-per-tx", type=int, default=64, help="submitJobs batch size")
+    parser.add_argument("--many-txs", type=int, default=64, help="submitJobs transactions")
     args = parser.parse_args()
 
     print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
@@ -144,7 +145,7 @@ def main() -> None:
             return [[(i * k + j).to_bytes(32, "big") for j in range(k)], [b"\1" * 32] * k,
                     [1] * k, [64] * k, [64] * k, [64] * k, [1] * k, [10**12] * k, 100]
 
-        txs = max(1, args.txs // (10 * k * args.senders))
+        txs = max(1, args.many_txs // args.senders)
         signed = sign_all(market, accounts, txs, CHAIN_ID, 10**11, fn="submitJobs",
                           args_of=many, value=10**12 * k, gas=60_000 * k + 100_000,
                           first_nonce=per_sender)

@@ -56,18 +56,26 @@ class Mempool:
 
     by_sender: dict[bytes, dict[int, SignedTransactionAPI]] = field(default_factory=dict)
     by_hash: dict[bytes, SignedTransactionAPI] = field(default_factory=dict)
+    committed: dict[bytes, int] = field(default_factory=dict)  # max cost of a sender's txs
+
+    @staticmethod
+    def max_cost(tx: SignedTransactionAPI) -> int:
+        return tx.gas * tx.max_fee_per_gas + tx.value
 
     def add(self, tx: SignedTransactionAPI) -> None:
         self.by_sender.setdefault(tx.sender, {})[tx.nonce] = tx
         self.by_hash[tx.hash] = tx
+        self.committed[tx.sender] = self.committed.get(tx.sender, 0) + self.max_cost(tx)
 
     def remove(self, tx: SignedTransactionAPI) -> None:
-        self.by_hash.pop(tx.hash, None)
-        pending = self.by_sender.get(tx.sender)
-        if pending is not None:
-            pending.pop(tx.nonce, None)
-            if not pending:
-                del self.by_sender[tx.sender]
+        if self.by_hash.pop(tx.hash, None) is None:
+            return
+        pending = self.by_sender[tx.sender]
+        del pending[tx.nonce]
+        self.committed[tx.sender] -= self.max_cost(tx)
+        if not pending:
+            del self.by_sender[tx.sender]
+            del self.committed[tx.sender]
 
     def __len__(self) -> int:
         return len(self.by_hash)
@@ -173,8 +181,8 @@ class Node:
             if tx.max_fee_per_gas < base_fee:
                 raise TxRejected(f"max fee per gas {tx.max_fee_per_gas} is below the base fee "
                                  f"{base_fee}")
-            committed = sum(p.gas * p.max_fee_per_gas + p.value for p in pending.values())
-            cost = tx.gas * tx.max_fee_per_gas + tx.value
+            committed = self.mempool.committed.get(tx.sender, 0)
+            cost = Mempool.max_cost(tx)
             balance = state.get_balance(tx.sender)
             if balance < committed + cost:
                 raise TxRejected(f"insufficient funds: balance {balance} (with {committed} "

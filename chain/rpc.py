@@ -434,6 +434,8 @@ class Rpc:
         if not isinstance(criteria, dict):
             raise invalid_params("filter must be an object")
         first, _ = self._log_range({**criteria, "toBlock": "latest"})
+        if criteria.get("fromBlock") in (None, "latest", "pending"):
+            first = self.node.head().block_number + 1  # only logs of blocks still to come
         fid = q(next(self.filter_ids))
         self.filters[fid] = {"kind": "logs", "criteria": criteria, "next": first}
         return fid
