@@ -12,15 +12,17 @@ Every failure is a RemoteJobError that names the stage it happened in.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from eth_account import Account
 
-from node.market import DEFAULT_MAX_BLOB_BYTES, Market, TxReverted
+from node.market import DEFAULT_MAX_BLOB_BYTES, UPLOAD_THREADS, Market, TxReverted
 
 STAGES = ("submitted", "claimed", "committed", "verified", "paid")
 DEFAULT_FEE_WEI = 10**15
+FINALIZE_PATIENCE_BLOCKS = 4  # the worker finalises itself; step in only if it does not
 EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
 PRECISION_CODES = {"exact": 0, "fp32": 1, "tf32": 2, "bf16": 3}
 
@@ -132,10 +134,11 @@ class JobClient:
                 shapes.append(validate_operands(a, b, self.market.max_blob_bytes))
             except ValueError as err:
                 raise RemoteJobError("validate", f"pair {i}: {err}") from err
-        ids = []
         try:
-            for a, b in pairs:
-                ids.append((self.market.put_array(a), self.market.put_array(b)))
+            with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+                a_ids = pool.map(self.market.put_array, [a for a, _ in pairs])
+                b_ids = pool.map(self.market.put_array, [b for _, b in pairs])
+                ids = list(zip(a_ids, b_ids, strict=True))
         except Exception as err:
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
@@ -206,7 +209,7 @@ class JobClient:
         """Keep a job moving when its worker does not."""
         if p.stage == "claimed" and head > p.deadline:
             self._try("reopenExpired", p.job_id)  # the worker missed its deadline
-        elif p.stage == "committed" and head > p.commit_block + 2:
+        elif p.stage == "committed" and head > p.commit_block + FINALIZE_PATIENCE_BLOCKS:
             self._try("finalize", p.job_id)  # nobody finalised: do it ourselves
 
     def _try(self, fn_name: str, job_id: int) -> None:

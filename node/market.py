@@ -26,7 +26,10 @@ STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
 PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
 DEFAULT_MAX_BLOB_BYTES = 1 << 30
 VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS
+COMMIT_GAS = 200_000
+ZERO_ADDRESS = "0x" + "00" * 20
 CHUNK = 1 << 20
+UPLOAD_THREADS = 8
 
 TxReverted = TransactionReverted
 
@@ -89,7 +92,8 @@ class Market:
         self.contract = self.client.market
         self.max_blob_bytes = max_blob_bytes
         self.blob_url = self.client.info.get("blob_url", f"{self.client.url}/blobs").rstrip("/")
-        self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
+        self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0),
+                                  limits=httpx.Limits(max_connections=UPLOAD_THREADS))
         self._events_by_topic = {
             bytes.fromhex(event.topic.removeprefix("0x")): event
             for event in (getattr(self.contract.events, abi["name"])()
@@ -132,10 +136,21 @@ class Market:
     def job_count(self) -> int:
         return self.contract.functions.jobCount().call()
 
-    def new_job_ids(self, from_block: int, to_block: int) -> list[int]:
-        """Ids of jobs submitted or reopened in [from_block, to_block], oldest first."""
-        return [int(e["args"]["jobId"]) for e in self.logs(from_block, to_block)
-                if e["event"] in ("JobSubmitted", "JobReopened")]
+    def new_jobs(self, from_block: int, to_block: int) -> dict[int, Job | None]:
+        """Jobs submitted or reopened in [from_block, to_block], oldest first: the Job as
+        submitted (from its event, no extra call), or None where it must be looked up."""
+        found: dict[int, Job | None] = {}
+        for event in self.logs(from_block, to_block):
+            args = event["args"]
+            if event["event"] == "JobSubmitted":
+                found[args["jobId"]] = Job(
+                    args["jobId"], args["submitter"], ZERO_ADDRESS, JOB_OPEN, args["aId"],
+                    args["bId"], b"\0" * 32, args["batch"], args["m"], args["k"], args["n"],
+                    args["precision"], args["fee"], 0, 0)
+            elif event["event"] == "JobReopened":
+                found.pop(args["jobId"], None)
+                found[args["jobId"]] = None
+        return found
 
     def logs(self, from_block: int, to_block: int) -> list:
         """Every market event in [from_block, to_block], decoded, in chain order."""
@@ -178,14 +193,15 @@ class Market:
     # -- blobs ---------------------------------------------------------------------------
 
     def put_blob(self, data: bytes) -> bytes:
-        """Upload blob bytes (skipped when the store already has them); returns the id."""
+        """Upload blob bytes; returns the id. A large blob the store already has is not sent
+        again (one HEAD request); a small one is just sent (PUT is idempotent)."""
         if len(data) > self.max_blob_bytes:
             raise BlobError(
                 f"blob of {len(data)} bytes exceeds the {self.max_blob_bytes}-byte limit"
             )
         id_ = blob_id(data)
         url = f"{self.blob_url}/0x{id_.hex()}"
-        if self._http.head(url).status_code == 200:
+        if len(data) >= CHUNK and self._http.head(url).status_code == 200:
             return id_
         response = self._http.put(url, content=data)
         if response.status_code not in (200, 201, 204):

@@ -23,6 +23,7 @@ from eth_account.signers.local import LocalAccount
 
 from node import compute
 from node.market import (
+    COMMIT_GAS,
     JOB_CLAIMED,
     JOB_COMMITTED,
     JOB_OPEN,
@@ -49,7 +50,7 @@ class WorkerConfig:
     max_flops: int = 2 * 4096**3
     max_operand_bytes: int = 1 << 30
     max_in_flight: int = 8
-    poll_interval: float = 0.05
+    poll_interval: float = 0.1
     finalize_timeout: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int | None = None
@@ -96,7 +97,7 @@ class Worker:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="job")
-        self._candidates: dict[int, None] = {}
+        self._candidates: dict[int, Job | None] = {}
         self._stake_wei = 0
         self._balance_wei = 0
         self._head = 0
@@ -243,8 +244,9 @@ class Worker:
         head = self.chain.block_number()
         self._head = head
         if head >= self._next_block:
-            for job_id in self.chain.new_job_ids(self._next_block, head):
-                self._candidates[job_id] = None
+            new = list(self.chain.new_jobs(self._next_block, head).items())
+            self._rng.shuffle(new)  # workers seeing the same jobs then rarely race for one
+            self._candidates.update(new)
             self._next_block = head + 1
             self._save_state()
         if time.time() - self._account_refreshed > ACCOUNT_REFRESH_SECONDS:
@@ -256,8 +258,7 @@ class Worker:
             busy = self.status()["in_flight"] >= self.config.max_in_flight
             if busy or self._stop.is_set() or self._withdrawing:
                 break
-            del self._candidates[job_id]
-            job = self.chain.job(job_id)
+            job = self._candidates.pop(job_id) or self.chain.job(job_id)
             if job.status == JOB_OPEN and self._acceptable(job):
                 self._claim(job)
 
@@ -330,7 +331,7 @@ class Worker:
         c_id = self._retry(self.chain.put_array, c)
         t3 = time.perf_counter()
         self.metrics.stage_latency.labels("upload").observe(t3 - t2)
-        self._retry(self.chain.send, "commitResult", job.job_id, c_id)
+        self._retry(self.chain.send_with_gas, COMMIT_GAS, "commitResult", job.job_id, c_id)
         self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t3)
         self.metrics.jobs.labels("committed").inc()
         self._set_stage(record, "committed")
