@@ -277,3 +277,14 @@ def test_allow_tf32_uses_the_tensor_core_path_only_where_it_exists(device):
         np.testing.assert_allclose(fast, reference, rtol=0, atol=5e-3 * np.abs(reference).max())
     else:
         np.testing.assert_array_equal(fast, exact)
+
+
+def test_setitem_from_an_overlapping_view_of_the_same_buffer(device):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = nd(x, device)
+    a[::-1] = a
+    np.testing.assert_array_equal(a.numpy(), x[::-1])
+    a[:, 1:] = a[:, :-1]
+    expected = x[::-1].copy()
+    expected[:, 1:] = expected[:, :-1].copy()
+    np.testing.assert_array_equal(a.numpy(), expected)

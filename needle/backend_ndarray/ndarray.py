@@ -496,6 +496,8 @@ class NDArray:
             if other._device is not self._device and other._device != self._device:
                 raise ValueError(f"setitem: value on {other.device}, array on {self.device}")
             source = other.broadcast_to(view.shape).compact()
+            if source._handle is self._handle:  # e.g. a[::-1] = a: read everything first
+                source = source + 0.0
             self._device.ewise_setitem(
                 source._handle, self._handle, view._shape, view._strides, view._offset
             )
