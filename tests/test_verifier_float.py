@@ -282,3 +282,16 @@ def test_single_round_false_accept_rate_matches_the_theory():
         assert results[0].false_accept_bound == bound
         sd = (bound * (1 - bound) / trials) ** 0.5
         assert abs(rate - bound) < 5 * sd, rate
+
+
+def test_float32_and_float64_evaluations_give_the_same_bound():
+    """Host (float32) and GPU / fallback (float64) paths charge the same unit, so nodes on
+    different paths compare against the same tau and the residuals agree closely."""
+    rng = np.random.default_rng(10)
+    A, B = data(rng, (50, 70), "normal"), data(rng, (70, 40), "normal")
+    C = A @ B
+    R = sign_vectors(SEEDS[0], 40, 3)
+    res32, tau32 = residual_and_bound(np, A, B, C, R, "fp32", np.float32)
+    res64, tau64 = residual_and_bound(np, A, B, C, R, "fp32", np.float64)
+    np.testing.assert_allclose(tau32, tau64, rtol=1e-5)
+    assert np.abs(res32 - res64).max() < 1e-2 * tau64.min()  # rounding noise, far below tau

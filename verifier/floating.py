@@ -37,7 +37,7 @@ def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, int, str |
     Host data is evaluated in float32 (one BLAS pass per matrix, no float64 copies);
     device data, and host data whose float32 evaluation overflows, in float64.
     """
-    fast = xp is np and max(A.shape[1], B.shape[1]) * 2.0**-24 < 0.25
+    fast = xp is np and float32_possible(B.shape[1], A.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected, not warned
         found = residual_and_bound(xp, A, B, C, R, precision,
                                    np.float32 if fast else np.float64)
@@ -54,6 +54,19 @@ def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, int, str |
     return float(row_excess[row]), row, None
 
 
+def float32_possible(n: int, k: int) -> bool:
+    return max(n, k) * 2.0**-24 < 0.25
+
+
+def charged_unit(n: int, k: int, dtype) -> tuple[float, float]:
+    """(unit, smallest normal) charged for the check's own rounding: float32's whenever a
+    float32 evaluation is possible, even when evaluating in float64 (GPU, overflow fallback),
+    so that every node computes the same tau whichever path it takes."""
+    if float32_possible(n, k):
+        return 2.0**-24, 2.0**-126
+    return float(np.finfo(dtype).eps) / 2, float(np.finfo(dtype).tiny)
+
+
 def up(xp: ModuleType, x, dtype):
     """x (float64) rounded upwards into dtype: one step past round-to-nearest."""
     return xp.nextafter(x.astype(dtype), xp.asarray(np.inf, dtype))
@@ -64,7 +77,7 @@ def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.floa
     dtype; None when some computed quantity is not finite (NaN/Inf in, or overflow)."""
     m, k = A.shape
     n = B.shape[1]
-    ue, tiny_e = float(np.finfo(dtype).eps) / 2, float(np.finfo(dtype).tiny)
+    ue, tiny_e = charged_unit(n, k, dtype)
     g_n, g_k, eta_n, eta_k = gamma(n, ue), gamma(k, ue), 4 * n * tiny_e, 4 * k * tiny_e
     f = (1 + U_OUT) * (1 + gamma(k, U_ACC))
     u_in = U_IN[precision]
