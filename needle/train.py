@@ -117,7 +117,8 @@ def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
     seconds = time.perf_counter() - start
     metrics = {"loss": total_loss / seen, "acc": correct / seen, "samples_per_s": seen / seconds}
     if bar:
-        bar.update(len(starts), seen, {"loss": metrics["loss"]}, final=True)
+        shown = {"loss": metrics["loss"], "ppl": math.exp(metrics["loss"]), "acc": metrics["acc"]}
+        bar.update(len(starts), seen, shown, final=True)
     return metrics
 
 
