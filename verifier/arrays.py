@@ -29,36 +29,31 @@ def as_array(xp: ModuleType, x, name: str):
         raise TypeError(f"{name} is not an array: {err}") from err
 
 
-def products(xp: ModuleType, M, W, V, dtype):
-    """(M @ W, |M| @ V) evaluated in dtype, reading M once; V (a vector or a matrix) may
-    be None.
+def products(xp: ModuleType, M, W, v, dtype):
+    """(M @ W, |M| @ v) evaluated in dtype, reading M once; the vector v may be None.
 
     On the host M is taken in row blocks small enough to stay in cache, so the absolute
-    value and any conversion to dtype never make a full-size copy of M.
+    value and any conversion to dtype never make a full-size copy of M. On a GPU a fused
+    kernel does the same for float32 M (float checks, dtype float64).
     """
     if xp is not np:
-        if M.dtype == np.float32 and dtype == np.float64 and V is not None and V.ndim == 1:
-            from verifier.gpu import signed_and_abs
+        if v is None:
+            return M.astype(dtype, copy=False) @ W, None
+        from verifier.gpu import signed_and_abs
 
-            return signed_and_abs(M, W, V)
-        Mx = M.astype(dtype, copy=False)
-        return Mx @ W, (None if V is None else xp.abs(Mx) @ V)
+        return signed_and_abs(M, W, v)
     rows, cols = M.shape
     signed = np.empty((rows, W.shape[1]), dtype)
-    absolute = None if V is None else np.empty((rows, *V.shape[1:]), dtype)
+    absolute = None if v is None else np.empty(rows, dtype)
     step = max(1, BLOCK_ELEMENTS // cols)
     buf = np.empty((min(step, rows), cols), dtype)
     for i in range(0, rows, step):
         blk, out = M[i : i + step], buf[: min(step, rows - i)]
-        if blk.dtype == dtype:
-            np.matmul(blk, W, out=signed[i : i + step])
-            if V is not None:
-                np.abs(blk, out=out)
-        else:
+        if blk.dtype != dtype:
             np.copyto(out, blk, casting="unsafe")  # callers keep values exact in dtype
-            np.matmul(out, W, out=signed[i : i + step])
-            if V is not None:
-                np.abs(out, out=out)
-        if V is not None:
-            np.matmul(out, V, out=absolute[i : i + step])
+            blk = out
+        np.matmul(blk, W, out=signed[i : i + step])
+        if v is not None:
+            np.abs(blk, out=out)
+            np.matmul(out, v, out=absolute[i : i + step])
     return signed, absolute

@@ -24,15 +24,15 @@ def dtype_magnitude(dtype) -> int:
     return max(-int(info.min), int(info.max))
 
 
-def data_magnitude(xp: ModuleType, M) -> int:
+def data_magnitude(M) -> int:
     """Largest |x| in M (exact Python int: no overflow for int64's minimum)."""
     return max(-int(M.min()), int(M.max()))
 
 
-def magnitude(xp: ModuleType, M, limit: int) -> int:
+def magnitude(M, limit: int) -> int:
     """An upper bound on |M|: the dtype's when that is within limit, else the data's."""
     bound = dtype_magnitude(M.dtype)
-    return bound if bound <= limit else data_magnitude(xp, M)
+    return bound if bound <= limit else data_magnitude(M)
 
 
 def rotate(xp: ModuleType, x, shift: int):
