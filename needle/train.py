@@ -48,6 +48,16 @@ class ProgressBar:
         self.stream.flush()
 
 
+def _finite(loss, step: int, desc: str) -> float:
+    """The loss as a float; stop at once when training has diverged."""
+    value = float(loss.numpy())
+    if not math.isfinite(value):
+        raise FloatingPointError(
+            f"{desc.strip()}: loss is {value} at batch {step}; lower the learning rate or clip"
+        )
+    return value
+
+
 def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
               optimizer: optim.Optimizer | None = None, clip: float | None = None,
               desc: str = "", stream: TextIO | None = None) -> dict[str, float]:
@@ -71,7 +81,7 @@ def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
                 logits = model(X)
                 loss = loss_fn(logits, y)
         batch = y.shape[0]
-        total_loss += float(loss.numpy()) * batch
+        total_loss += _finite(loss, step, desc) * batch
         correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
         seen += batch
         if bar:
@@ -109,7 +119,7 @@ def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
                 logits, h = model(X, h)
                 loss = loss_fn(logits, y)
         h = tuple(t.detach() for t in h) if isinstance(h, tuple) else h.detach()
-        total_loss += float(loss.numpy()) * y.shape[0]
+        total_loss += _finite(loss, step, desc) * y.shape[0]
         correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
         seen += y.shape[0]
         if bar:
@@ -314,4 +324,7 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FloatingPointError, ValueError, KeyError, OSError) as e:
+        raise SystemExit(f"\nneedle.train: {e}") from None  # after the progress line

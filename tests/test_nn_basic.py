@@ -292,5 +292,8 @@ def test_load_state_dict_round_trip_and_clear_errors():
     bad = {**a.state_dict(), "modules.0.weight": np.zeros((4, 3), dtype=np.float32)}
     with pytest.raises(ValueError, match=r"'modules.0.weight' has shape \(4, 3\).*\(3, 4\)"):
         b.load_state_dict(bad)
+    text = {**a.state_dict(), "modules.0.bias": np.array([["x"] * 4])}
+    with pytest.raises(TypeError, match="'modules.0.bias' has non-numeric dtype"):
+        b.load_state_dict(text)
     for key, value in before.items():  # a rejected state changes nothing
         np.testing.assert_array_equal(b.state_dict()[key], value)

@@ -103,3 +103,5 @@ def test_cli_rejects_bad_combinations():
         main(["--data", "digits", "--model", "lstm"])
     with pytest.raises(ValueError, match="needs --data-dir"):
         main(["--data", "mnist", "--model", "mlp"])
+    with pytest.raises(FloatingPointError, match="loss is nan at batch"):
+        main(["--data", "digits", "--model", "mlp", "--optimizer", "sgd", "--lr", "1e9"])

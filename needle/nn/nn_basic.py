@@ -84,14 +84,15 @@ class Module:
         return list(_named_tensors(self, ""))
 
     def parameters(self) -> list[Parameter]:
+        """Each Parameter once, in attribute order (a shared one at its first place)."""
         seen: dict[int, Parameter] = {}
-        for _, tensor in _named_tensors(self, ""):
+        for _, tensor in self.named_tensors():
             if isinstance(tensor, Parameter):
                 seen.setdefault(id(tensor), tensor)
         return list(seen.values())
 
     def _children(self) -> list["Module"]:
-        return [m for m in _child_modules(vars(self))]
+        return list(_child_modules(vars(self)))
 
     def eval(self) -> "Module":
         self.training = False
@@ -107,11 +108,12 @@ class Module:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and buffers (e.g. BatchNorm running statistics) as numpy arrays."""
-        return {name: tensor.numpy() for name, tensor in _named_tensors(self, "")}
+        return {name: tensor.numpy() for name, tensor in self.named_tensors()}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """Copy arrays into this module's tensors; names and shapes must match exactly."""
-        own = dict(_named_tensors(self, ""))
+        """Copy arrays into this module's tensors; names and shapes must match exactly.
+        Everything is checked before anything is written, so a bad state changes nothing."""
+        own = dict(self.named_tensors())
         missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
         if missing or unexpected:
             raise KeyError(
@@ -120,6 +122,8 @@ class Module:
             )
         for name, tensor in own.items():
             value = np.asarray(state[name])
+            if value.dtype.kind not in "biuf":
+                raise TypeError(f"state_dict entry {name!r} has non-numeric dtype {value.dtype}")
             if value.shape != tuple(tensor.shape):
                 raise ValueError(
                     f"state_dict entry {name!r} has shape {value.shape}, "
