@@ -105,9 +105,11 @@ def test_mnist_reader_parses_idx_files(tmp_path, compress):
     ds = data.MNISTDataset(img_path, lab_path)
     assert len(ds) == 5
     x, y = ds[3]
-    assert x.shape == (28, 28, 1) and x.dtype == np.float32
-    np.testing.assert_allclose(x[:, :, 0], images[3] / 255.0, rtol=1e-6)
+    assert x.shape == (784,) and x.dtype == np.float32
+    np.testing.assert_allclose(x, images[3].ravel() / 255.0, rtol=1e-6)
     assert y == labels[3]
+    flipped = data.MNISTDataset(img_path, lab_path, transforms=[data.RandomFlipHorizontal(1.0)])
+    np.testing.assert_allclose(flipped[3][0].reshape(28, 28), images[3][:, ::-1] / 255.0)
     X, Y = data.parse_mnist(img_path, lab_path)
     assert X.shape == (5, 784) and X.max() <= 1.0
     np.testing.assert_array_equal(Y, labels)

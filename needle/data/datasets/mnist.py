@@ -40,16 +40,19 @@ def parse_mnist(image_filename: str, label_filename: str) -> tuple[np.ndarray, n
 
 
 class MNISTDataset(Dataset):
-    """Examples are (28 x 28 x 1 image in [0, 1], label)."""
+    """Examples are (flat 784 image in [0, 1], label), as in CMU needle; transforms see the
+    image as 28 x 28 x 1."""
 
     def __init__(self, image_filename: str, label_filename: str, transforms=None):
         super().__init__(transforms)
-        X, self.y = parse_mnist(image_filename, label_filename)
-        self.side = int(round(np.sqrt(X.shape[1])))
-        self.X = X.reshape(-1, self.side, self.side, 1)
+        self.X, self.y = parse_mnist(image_filename, label_filename)
+        self.side = int(round(np.sqrt(self.X.shape[1])))
 
     def __getitem__(self, index):
-        return self.apply_transforms(self.X[index]), self.y[index]
+        x = self.X[index]
+        if self.transforms:
+            x = self.apply_transforms(x.reshape(self.side, self.side, 1)).reshape(-1)
+        return x, self.y[index]
 
     def __len__(self) -> int:
         return len(self.X)
