@@ -523,27 +523,25 @@ void reduce_max(const CudaArray& a, CudaArray& out, int64_t reduce_size) {
 // shared memory, double-buffered: the next slice is fetched from global memory into registers
 // while the current one is multiplied, then stored to the other buffer, so one barrier per slice
 // suffices. A is stored transposed (k-major, rows padded by 4 floats against bank conflicts) so
-// both operands are read as float4. Each warp owns a WM x WN sub-tile; each thread an 8 x 8 tile
-// made of four 4 x 4 quarters spaced half a warp tile apart, so that a warp's shared-memory
-// reads are broadcasts of at most 128 contiguous bytes. Loads outside the matrix read zeros and
+// both operands are read as float4. Each warp owns a WM x WN sub-tile; each thread a TM x TN
+// tile made of 4 x 4 quarters spread evenly over the warp tile, so that a warp's shared-memory
+// reads are broadcasts of at most 128 contiguous bytes; the operand fragments are double-
+// buffered in registers across k steps. Loads outside the matrix read zeros and
 // stores outside it are skipped, so any M, N, K works; VEC (K and N multiples of 4) allows
 // 16-byte global loads and stores.
 
 namespace sgemm {
 
-// The large-product tile: BM, BN, BK, WM, WN, TM, TN (a compile-time knob for other GPUs).
-#ifndef NEEDLE_SGEMM_TILE
-#define NEEDLE_SGEMM_TILE 128, 128, 8, 64, 32, 8, 8
-#endif
-
-template <int BM, int BN, int BK, int WM, int WN, int TM, int TN>
+// A tile configuration: block tile BM x BN, K slice BK, warp tile WM x WN, thread tile TM x TN,
+// and the blocks each multiprocessor should hold (which caps registers per thread). Measured
+// on an H100 (bench/RESULTS.md): 16 resident warps per multiprocessor beat fewer warps with
+// more registers each, and 128 x 128 tiles beat 128 x 256 ones.
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_, int MIN_BLOCKS>
 struct Config {
-  static constexpr int kWarps = (BM / WM) * (BN / WN);
+  static constexpr int kWarps = (BM_ / WM_) * (BN_ / WN_);
   static constexpr int kThreads = kWarps * 32;
-  // Registers a thread needs: its accumulators plus about 64; ask for as many blocks per
-  // multiprocessor as then fit.
-  static constexpr int kMinBlocks =
-      65536 / (kThreads * (TM * TN + 64)) > 0 ? 65536 / (kThreads * (TM * TN + 64)) : 1;
+  static constexpr int kMinBlocks = MIN_BLOCKS;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
   static constexpr int kThreadRows = WM / TM;  // threads of a warp along M
   static constexpr int kThreadCols = WN / TN;  // threads of a warp along N
   static constexpr int kALoads = BM * BK / 4 / kThreads;  // float4 per thread per slice
@@ -573,12 +571,12 @@ __device__ __forceinline__ float4 load4(const float* __restrict__ m, int rows, i
   }
 }
 
-template <int BM, int BN, int BK, int WM, int WN, int TM, int TN, bool VEC>
-__global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN, TM, TN>::kThreads,
-                                  Config<BM, BN, BK, WM, WN, TM, TN>::kMinBlocks)
+template <typename Cfg, bool VEC>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     sgemm_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
                  int M, int N, int K) {
-  using Cfg = Config<BM, BN, BK, WM, WN, TM, TN>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, WM = Cfg::WM, WN = Cfg::WN;
+  constexpr int TM = Cfg::TM, TN = Cfg::TN;
   constexpr int kAPad = BM + 4;
   constexpr int kRowGroups = TM / 4, kColGroups = TN / 4;  // 4 x 4 quarters of a thread tile
   constexpr int kRowSpacing = WM / kRowGroups, kColSpacing = WN / kColGroups;
@@ -639,28 +637,39 @@ __global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN, TM, TN>::kThreads,
   stash(0);
   __syncthreads();
 
+  // Operand fragments are double-buffered in registers: step k's multiply-adds run while step
+  // k + 1's shared-memory reads are in flight.
+  float a[2][TM], b[2][TN];
+  auto read_fragments = [&](int buf, int k, int slot) {
+#pragma unroll
+    for (int g = 0; g < kRowGroups; ++g)
+      *reinterpret_cast<float4*>(&a[slot][g * 4]) =
+          *reinterpret_cast<const float4*>(&As[buf][k][thread_m + g * kRowSpacing]);
+#pragma unroll
+    for (int g = 0; g < kColGroups; ++g)
+      *reinterpret_cast<float4*>(&b[slot][g * 4]) =
+          *reinterpret_cast<const float4*>(&Bs[buf][k][thread_n + g * kColSpacing]);
+  };
+
+  read_fragments(0, 0, 0);
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
     const bool more = t + 1 < tiles;
     if (more) fetch((t + 1) * BK);
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
-      float a[TM], b[TN];
-#pragma unroll
-      for (int g = 0; g < kRowGroups; ++g)
-        *reinterpret_cast<float4*>(&a[g * 4]) =
-            *reinterpret_cast<const float4*>(&As[buf][k][thread_m + g * kRowSpacing]);
-#pragma unroll
-      for (int g = 0; g < kColGroups; ++g)
-        *reinterpret_cast<float4*>(&b[g * 4]) =
-            *reinterpret_cast<const float4*>(&Bs[buf][k][thread_n + g * kColSpacing]);
+      if (k + 1 < BK) {
+        read_fragments(buf, k + 1, (k + 1) % 2);
+      } else if (more) {
+        stash(buf ^ 1);
+        __syncthreads();
+        read_fragments(buf ^ 1, 0, (k + 1) % 2);
+      }
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[k % 2][i], b[k % 2][j], acc[i][j]);
     }
-    if (more) stash(buf ^ 1);
-    __syncthreads();
   }
 
 #pragma unroll
@@ -683,17 +692,16 @@ __global__ void __launch_bounds__(Config<BM, BN, BK, WM, WN, TM, TN>::kThreads,
   }
 }
 
-template <int BM, int BN, int BK, int WM, int WN, int TM, int TN>
+template <typename Cfg, bool VEC>
 void launch(const float* A, const float* B, float* C, int M, int N, int K) {
-  constexpr int kThreads = Config<BM, BN, BK, WM, WN, TM, TN>::kThreads;
-  dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
-  if (K % 4 == 0 && N % 4 == 0) {
-    sgemm_kernel<BM, BN, BK, WM, WN, TM, TN, true><<<grid, kThreads>>>(A, B, C, M, N, K);
-  } else {
-    sgemm_kernel<BM, BN, BK, WM, WN, TM, TN, false><<<grid, kThreads>>>(A, B, C, M, N, K);
-  }
+  dim3 grid((N + Cfg::BN - 1) / Cfg::BN, (M + Cfg::BM - 1) / Cfg::BM);
+  sgemm_kernel<Cfg, VEC><<<grid, Cfg::kThreads>>>(A, B, C, M, N, K);
   CHECK_LAUNCH("matmul");
 }
+
+using Large = Config<128, 128, 8, 64, 32, 8, 8, 2>;
+using Ragged = Config<128, 64, 8, 64, 32, 8, 8, 4>;  // best measured without 16-byte loads
+using Small = Config<64, 64, 8, 32, 64, 8, 8, 4>;
 
 }  // namespace sgemm
 
@@ -708,11 +716,6 @@ namespace tf32 {
 
 namespace wmma = nvcuda::wmma;
 
-// BM, BN, BK, STAGES, WM, WN (a compile-time knob, like NEEDLE_SGEMM_TILE).
-#ifndef NEEDLE_TF32_TILE
-#define NEEDLE_TF32_TILE 128, 128, 16, 4, 64, 32
-#endif
-
 template <int BM_, int BN_, int BK_, int STAGES_, int WM_, int WN_>
 struct Config {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, WM = WM_, WN = WN_;
@@ -724,7 +727,7 @@ struct Config {
   static constexpr size_t kSharedBytes =
       sizeof(float) * (kPipelineFloats > kEpilogueFloats ? kPipelineFloats : kEpilogueFloats);
 };
-using Tile = Config<NEEDLE_TF32_TILE>;
+using Tile = Config<128, 128, 32, 3, 64, 64>;  // the best of five tiles measured on an H100
 
 __device__ __forceinline__ void cp_async16(float* smem, const float* gmem, bool valid) {
   unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -924,14 +927,17 @@ void run_matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t 
   }
 }
 
-// Large products use the large tile; ones that would leave multiprocessors idle with it use
-// 64 x 64 tiles (four times the blocks).
+// Large products use 128 x 128 tiles (128 x 64 when rows are not 16-byte aligned); ones that
+// would leave multiprocessors idle with those use 64 x 64 tiles (four times the blocks).
 void sgemm_launch(const float* A, const float* B, float* C, int M, int N, int K) {
-  int64_t big_blocks = (static_cast<int64_t>(M) + 127) / 128 * ((N + 127) / 128);
-  if (big_blocks >= multiprocessor_count()) {
-    sgemm::launch<NEEDLE_SGEMM_TILE>(A, B, C, M, N, K);
+  const bool vec = K % 4 == 0 && N % 4 == 0;
+  const int64_t large_blocks = (static_cast<int64_t>(M) + 127) / 128 * ((N + 127) / 128);
+  if (large_blocks < multiprocessor_count()) {
+    vec ? sgemm::launch<sgemm::Small, true>(A, B, C, M, N, K)
+        : sgemm::launch<sgemm::Small, false>(A, B, C, M, N, K);
   } else {
-    sgemm::launch<64, 64, 8, 32, 64, 8, 8>(A, B, C, M, N, K);
+    vec ? sgemm::launch<sgemm::Large, true>(A, B, C, M, N, K)
+        : sgemm::launch<sgemm::Ragged, false>(A, B, C, M, N, K);
   }
 }
 
