@@ -644,8 +644,18 @@ class NDArray:
             out.fill(0.0)
         elif out.size:
             order = kept + tuple(sorted(axes))
-            view = self if order == tuple(range(self.ndim)) else self.permute(order)
-            fn(view.compact()._handle, out._handle, reduce_size)
+            if order == tuple(range(self.ndim)):  # reduced axes already trailing
+                fn(self.compact()._handle, out._handle, reduce_size)
+            elif name == "sum" and kept == tuple(range(len(axes), self.ndim)):
+                # Leading axes (a batch, N*H*W of NHWC): ones(1, R) @ x(R, C) reads x in
+                # place, where reduce_sum would first need a transposed copy of x.
+                rows = self.reshape((reduce_size, out.size))
+                ones = self._device.full((1, reduce_size), 1.0)
+                self._device.matmul(
+                    ones._handle, rows.compact()._handle, out._handle, 1, reduce_size, out.size
+                )
+            else:
+                fn(self.permute(order).compact()._handle, out._handle, reduce_size)
         if keepdims:
             kept_shape = tuple(1 if i in axes else d for i, d in enumerate(self._shape))
             out = out._view(kept_shape, None, 0)

@@ -151,7 +151,11 @@ def _groups(a: Array, out: Array, reduce_size: int) -> np.ndarray:
 
 
 def reduce_sum(a: Array, out: Array, reduce_size: int) -> None:
-    np.sum(_groups(a, out, reduce_size), axis=1, out=out.array)
+    groups = _groups(a, out, reduce_size)
+    if reduce_size <= 256:  # numpy's sum is slow on many short rows; a BLAS gemv is not
+        np.matmul(groups, np.ones(reduce_size, dtype=np.float32), out=out.array)
+    else:  # long rows: numpy's pairwise summation, more accurate than one running sum
+        np.sum(groups, axis=1, out=out.array)
 
 
 def reduce_max(a: Array, out: Array, reduce_size: int) -> None:
