@@ -54,7 +54,7 @@ def test_resnet18_has_the_standard_layout():
     model = models.ResNet18(10, device=CPU)  # width 64: the real network, built not run
     n_params = sum(int(np.prod(p.shape)) for p in model.parameters())
     assert n_params == 11_173_962  # PyTorch's CIFAR ResNet-18 (conv without bias, BN affine)
-    convs = [m for m in model._children() if isinstance(m, nn.Conv)]
+    convs = [m for m in model.children() if isinstance(m, nn.Conv)]
     assert len(convs) == 1 + 16 + 3  # stem, 8 blocks x 2, 3 projection shortcuts
 
 

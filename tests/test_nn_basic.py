@@ -267,10 +267,12 @@ def test_module_tree_parameters_buffers_and_modes():
         "modules.0.weight", "modules.0.bias", "modules.1.weight", "modules.1.bias",
         "modules.1.running_mean", "modules.1.running_var", "modules.3.weight", "modules.3.bias",
     ])
+    children = [type(m).__name__ for m in model.children()]
+    assert children == ["Linear", "BatchNorm1d", "Dropout", "Linear"]
     model.eval()
-    assert not any(m.training for m in model._children()) and not model.training
+    assert not any(m.training for m in model.children()) and not model.training
     model.train()
-    assert all(m.training for m in model._children())
+    assert all(m.training for m in model.children())
 
 
 def test_shared_parameters_are_listed_once():

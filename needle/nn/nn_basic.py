@@ -91,18 +91,21 @@ class Module:
                 seen.setdefault(id(tensor), tensor)
         return list(seen.values())
 
-    def _children(self) -> list["Module"]:
+    def children(self) -> list["Module"]:
+        """Every sub-module, nested ones included (not self)."""
         return list(_child_modules(vars(self)))
+
+    _children = children  # CMU needle's name
 
     def eval(self) -> "Module":
         self.training = False
-        for m in self._children():
+        for m in self.children():
             m.training = False
         return self
 
     def train(self) -> "Module":
         self.training = True
-        for m in self._children():
+        for m in self.children():
             m.training = True
         return self
 
