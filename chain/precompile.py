@@ -68,7 +68,12 @@ def verdict(store: BlobStore, a_id: bytes, b_id: bytes, c_id: bytes, batch: int,
     c = _operand(store, c_id, [(batch, m, n)] + ([(m, n)] if batch == 1 else []), exact)
     if c is None:
         return FAIL
-    result = verify(a, b, c, precision=PRECISIONS[precision], rounds=rounds, seed=seed)
+    try:
+        result = verify(a, b, c, precision=PRECISIONS[precision], rounds=rounds, seed=seed)
+    except (ValueError, TypeError):
+        # shapes and dtypes were checked above: what is left is a job the verifier cannot
+        # bound (float k >= 2^22, exact entries too large for p): the submitter's input
+        return BAD_OPERANDS
     return PASS if result.passed else FAIL
 
 

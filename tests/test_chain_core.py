@@ -267,3 +267,12 @@ def test_admission_rejects_before_the_mempool(tmp_path):
     with pytest.raises(ValueError, match="decoded"):
         node.admit(os.urandom(50))
     node.stop()
+
+
+def test_precompile_unverifiable_exact_operands_are_the_submitters(store):
+    # k * max|A| * max|B| beyond what the modular check can bound: not the worker's fault
+    a = np.full((2, 3), 2**31 - 1, np.int64)
+    b = np.full((3, 2), 2**31 - 1, np.int64)
+    c = np.zeros((2, 2), np.int64)
+    ids = _store_arrays(store, a, b, c)
+    assert verdict(store, *ids, 1, 2, 3, 2, 0, 4, b"\3" * 32) == BAD_OPERANDS
