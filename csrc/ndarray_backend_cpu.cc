@@ -33,7 +33,9 @@ namespace cpu {
 
 using scalar_t = float;
 constexpr size_t kAlignment = 64;
-constexpr int64_t kParallelElements = 1 << 16;  // below this, thread start-up costs more than it saves
+// Elementwise ops and reductions are memory-bound: threads pay off only on large arrays, and
+// every parallel region stalls when a shared core deschedules one of its threads.
+constexpr int64_t kParallelElements = 1 << 20;
 
 // ---------------------------------------------------------------------------------------------
 // Memory
@@ -334,16 +336,20 @@ void reduce_max(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Matmul: a packed, cache-blocked GEMM (the Goto/BLIS loop nest) around an MR x NR
-// register-tiled micro-kernel. B is packed in KC x NC panels (shared by all threads, L3),
-// A in MC x KC blocks (one per thread, L2); the micro-kernel streams an MR-row sliver of A
-// and an NR-column sliver of B (L1) into MR x NR accumulators held in registers.
+// Matmul: a packed, cache-blocked GEMM (the Goto/BLIS scheme) around an MR x NR register-tiled
+// micro-kernel. A panel of B (all of K by up to kPanelElements / n columns) is packed once into
+// NR-column slivers; C's part of it is then cut into tiles of MC rows x a group of slivers that
+// threads take dynamically. A tile walks K in KC steps: it packs its MC x KC block of A (L2)
+// and streams KC x NR slivers of B (L1) through the micro-kernel. Tiles never wait on each
+// other, so the only barriers are one after packing each panel and one at its end: a thread
+// descheduled by another process on a shared core holds the other back for one tile at most.
 
 constexpr int64_t MR = 6, NR = 16;     // 12 AVX2 accumulators + 2 B vectors + 1 A broadcast
 constexpr int64_t KC = 256;            // B sliver KC x NR = 16 KiB stays in L1
 constexpr int64_t MC = 120;            // A block MC x KC = 120 KiB stays in L2
-constexpr int64_t NC = 4096;           // B panel KC x NC = 4 MiB stays in L3
-constexpr int64_t kParallelFlops = 1 << 21;  // below ~2 MFLOP one thread is faster
+constexpr int64_t kPanelElements = 1 << 21;  // packed B panel: 8 MiB, a quarter of L3
+constexpr int64_t kTilesPerThread = 8;       // enough tiles for dynamic balancing
+constexpr int64_t kParallelFlops = 1 << 23;  // below ~8 MFLOP (~0.1 ms) one thread is enough
 
 // C[0:MR, 0:NR] (row stride ldc) = (accumulate ? C : 0) + A_sliver @ B_sliver, over kc steps.
 inline void micro_kernel(int64_t kc, const scalar_t* __restrict__ ap,
@@ -395,14 +401,15 @@ inline void micro_kernel(int64_t kc, const scalar_t* __restrict__ ap,
 #endif
 }
 
-// Packs B[pc:pc+kc, jc+j0 : jc+j0+NR] for every sliver j0 in [first, last) into bp, sliver-major,
-// zero-padding columns past p so the micro-kernel never needs an edge case.
-void pack_b_slivers(const scalar_t* b, int64_t p, int64_t pc, int64_t kc, int64_t jc, int64_t nc,
-                    int64_t sliver, scalar_t* bp) {
-  const int64_t j0 = sliver * NR, width = std::min(NR, nc - j0);
-  scalar_t* dst = bp + sliver * NR * kc;
-  const scalar_t* src = b + pc * p + jc + j0;
-  for (int64_t k = 0; k < kc; ++k, src += p, dst += NR) {
+// Packs columns [jc, jc + nc) of B (all n rows) into NR-column slivers, sliver s at
+// bp + s * n * NR, row-major inside a sliver and zero-padded past column p, so the micro-kernel
+// needs no edge case.
+void pack_b_sliver(const scalar_t* b, int64_t n, int64_t p, int64_t jc, int64_t nc, int64_t s,
+                   scalar_t* bp) {
+  const int64_t j0 = s * NR, width = std::min(NR, nc - j0);
+  scalar_t* dst = bp + s * n * NR;
+  const scalar_t* src = b + jc + j0;
+  for (int64_t k = 0; k < n; ++k, src += p, dst += NR) {
     if (width == NR) {
       std::memcpy(dst, src, NR * sizeof(scalar_t));
     } else {
@@ -424,26 +431,31 @@ void pack_a_block(const scalar_t* a, int64_t n, int64_t ic, int64_t mc, int64_t 
   }
 }
 
-// One MC x NC block of C from a packed A block and the packed B slivers [sliver_begin, sliver_end).
-void compute_block(const scalar_t* ap, const scalar_t* bp, int64_t mc, int64_t nc, int64_t kc,
-                   int64_t sliver_begin, int64_t sliver_end, scalar_t* c, int64_t ldc,
-                   bool accumulate) {
+// C[ic:ic+mc, jc + NR*s] for slivers s in [first, last) of a packed B panel, over all of K.
+// c points at C[ic, jc]; ap is this thread's MC x KC packing buffer.
+void compute_tile(const scalar_t* a, const scalar_t* bp, scalar_t* c, scalar_t* ap, int64_t n,
+                  int64_t p, int64_t ic, int64_t mc, int64_t nc, int64_t first, int64_t last) {
   alignas(kAlignment) scalar_t edge[MR * NR];
-  for (int64_t s = sliver_begin; s < sliver_end; ++s) {
-    const int64_t j0 = s * NR, width = std::min(NR, nc - j0);
-    const scalar_t* b_sliver = bp + s * NR * kc;
-    for (int64_t i0 = 0; i0 < mc; i0 += MR) {
-      const int64_t height = std::min(MR, mc - i0);
-      const scalar_t* a_sliver = ap + i0 * kc;
-      scalar_t* c_tile = c + i0 * ldc + j0;
-      if (height == MR && width == NR) {
-        micro_kernel(kc, a_sliver, b_sliver, c_tile, ldc, accumulate);
-        continue;
-      }
-      micro_kernel(kc, a_sliver, b_sliver, edge, NR, false);
-      for (int64_t i = 0; i < height; ++i) {
-        for (int64_t j = 0; j < width; ++j) {
-          c_tile[i * ldc + j] = (accumulate ? c_tile[i * ldc + j] : 0) + edge[i * NR + j];
+  for (int64_t pc = 0; pc < n; pc += KC) {
+    const int64_t kc = std::min(KC, n - pc);
+    const bool accumulate = pc > 0;
+    pack_a_block(a, n, ic, mc, pc, kc, ap);
+    for (int64_t s = first; s < last; ++s) {
+      const int64_t j0 = s * NR, width = std::min(NR, nc - j0);
+      const scalar_t* b_sliver = bp + s * n * NR + pc * NR;
+      for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+        const int64_t height = std::min(MR, mc - i0);
+        const scalar_t* a_sliver = ap + i0 * kc;
+        scalar_t* c_tile = c + i0 * p + j0;
+        if (height == MR && width == NR) {
+          micro_kernel(kc, a_sliver, b_sliver, c_tile, p, accumulate);
+          continue;
+        }
+        micro_kernel(kc, a_sliver, b_sliver, edge, NR, false);
+        for (int64_t i = 0; i < height; ++i) {
+          for (int64_t j = 0; j < width; ++j) {
+            c_tile[i * p + j] = (accumulate ? c_tile[i * p + j] : 0) + edge[i * NR + j];
+          }
         }
       }
     }
@@ -451,47 +463,35 @@ void compute_block(const scalar_t* ap, const scalar_t* bp, int64_t mc, int64_t n
 }
 
 // c (m x p) = a (m x n) @ b (n x p), all compact row-major; n > 0.
-// Per KC x NC panel of B (packed once, shared), C is cut into tiles of MC rows x a group of
-// B slivers, handed out dynamically so that a thread slowed down by another process on this
-// core does not hold the other back at the barrier; each thread packs the A block it needs.
 void gemm(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n, int64_t p) {
-  const int64_t row_blocks = (m + MC - 1) / MC, max_slivers = (std::min(p, NC) + NR - 1) / NR;
+  const int64_t panel_width =
+      std::min(p, std::max(NR, kPanelElements / n / NR * NR));  // columns packed at once
+  const int64_t panel_slivers = (panel_width + NR - 1) / NR;
+  const int64_t row_blocks = (m + MC - 1) / MC;
   const int threads = team_size(2 * m * n * p >= kParallelFlops);
-  constexpr int64_t kTilesPerThread = 8;
 
-  const int64_t max_kc = std::min(KC, n), max_mc = std::min(MC, m);
-  auto b_packed = aligned_buffer(static_cast<size_t>(max_kc * max_slivers * NR));
+  auto b_packed = aligned_buffer(static_cast<size_t>(n * panel_slivers * NR));
+  const int64_t a_block = (std::min(MC, m) + MR - 1) / MR * MR * std::min(KC, n);
   std::vector<std::unique_ptr<scalar_t[], AlignedFree>> a_packed;
-  for (int t = 0; t < threads; ++t) {  // sized to the problem: small products stay off mmap
-    a_packed.push_back(aligned_buffer(static_cast<size_t>((max_mc + MR - 1) / MR * MR * max_kc)));
-  }
+  for (int t = 0; t < threads; ++t) a_packed.push_back(aligned_buffer(static_cast<size_t>(a_block)));
 
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     scalar_t* ap = a_packed[thread_id()].get();
-    for (int64_t jc = 0; jc < p; jc += NC) {
-      const int64_t nc = std::min(NC, p - jc), slivers = (nc + NR - 1) / NR;
+    for (int64_t jc = 0; jc < p; jc += panel_width) {
+      const int64_t nc = std::min(panel_width, p - jc), slivers = (nc + NR - 1) / NR;
       const int64_t col_groups =
           threads == 1 ? 1
                        : std::clamp((kTilesPerThread * threads + row_blocks - 1) / row_blocks,
                                     int64_t{1}, slivers);
-      const int64_t tiles = row_blocks * col_groups;
-      for (int64_t pc = 0; pc < n; pc += KC) {
-        const int64_t kc = std::min(KC, n - pc);
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < slivers; ++s) pack_b_slivers(b, p, pc, kc, jc, nc, s, b_packed.get());
-        int64_t packed_block = -1;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int64_t block = t / col_groups, group = t % col_groups;
-          const int64_t ic = block * MC, mc = std::min(MC, m - ic);
-          if (block != packed_block) {
-            pack_a_block(a, n, ic, mc, pc, kc, ap);
-            packed_block = block;
-          }
-          compute_block(ap, b_packed.get(), mc, nc, kc, slivers * group / col_groups,
-                        slivers * (group + 1) / col_groups, c + ic * p + jc, p, pc > 0);
-        }
+      for (int64_t s = 0; s < slivers; ++s) pack_b_sliver(b, n, p, jc, nc, s, b_packed.get());
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < row_blocks * col_groups; ++t) {
+        const int64_t block = t / col_groups, group = t % col_groups;
+        const int64_t ic = block * MC;
+        compute_tile(a, b_packed.get(), c + ic * p + jc, ap, n, p, ic, std::min(MC, m - ic), nc,
+                     slivers * group / col_groups, slivers * (group + 1) / col_groups);
       }
     }
   }

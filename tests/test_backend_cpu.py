@@ -6,7 +6,7 @@ import pytest
 cpu = pytest.importorskip("needle.backend_ndarray.ndarray_backend_cpu")
 
 RNG = np.random.default_rng(2024)
-PARALLEL_SIZE = 100_003  # above the module's OpenMP threshold, and odd
+PARALLEL_SIZE = 1_100_003  # above the module's OpenMP threshold (2**20), and odd
 
 
 def to_array(x: np.ndarray):
@@ -299,7 +299,8 @@ def check_matmul(m: int, n: int, p: int):
         (1, 1000, 1),  # dot product
         (1, 700, 300),  # vector @ matrix
         (300, 700, 1),  # matrix @ vector
-        (6, 300, 4200),  # wide: crosses the N cache block, threads split columns
+        (6, 300, 4200),  # wide and short: threads split the columns
+        (7, 2100, 1100),  # B packed in two panels
         (13, 1, 9),  # outer product
     ],
 )
