@@ -25,7 +25,8 @@ def integers(rng, shape, dtype, small=False):
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.uint32, np.int64])
 def test_matmul_mod_p_matches_python_integers(dtype):
     rng = np.random.default_rng(0)
-    for rows, inner, cols in [(1, 1, 1), (5, 300, 3), (7, 64, 2)]:
+    # inner 16384 pushes 32-bit entries past float64's exact range: the int64 limb path
+    for rows, inner, cols in [(1, 1, 1), (5, 300, 3), (7, 64, 2), (2, 16384, 1)]:
         M = integers(rng, (rows, inner), dtype)
         M.flat[0] = np.iinfo(dtype).min  # the extremes, int64's minimum included
         M.flat[-1] = np.iinfo(dtype).max
@@ -33,6 +34,19 @@ def test_matmul_mod_p_matches_python_integers(dtype):
         V.flat[0] = P - 1
         bound = max(-int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
         assert np.array_equal(matmul_mod_p(np, M, V, bound), reference_mod_p(M, V))
+
+
+@pytest.mark.parametrize("inner", [300, 16384])
+def test_matmul_mod_p_at_the_worst_case_magnitudes(inner):
+    """Every entry at the dtype's extreme and every limb all ones: partial sums reach the
+    limit that the limb width is chosen for (2^53 in float64, 2^62 in int64)."""
+    V = np.full((inner, 2), P - 1, dtype=np.int64)
+    V[:, 1] = (1 << 60) - 1
+    for dtype in (np.int8, np.int32, np.int64):
+        for value in (np.iinfo(dtype).min, np.iinfo(dtype).max):
+            M = np.full((3, inner), value, dtype=dtype)
+            bound = max(-int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+            assert np.array_equal(matmul_mod_p(np, M, V, bound), reference_mod_p(M, V))
 
 
 def honest(A, B):
