@@ -196,6 +196,40 @@ def test_blob_with_wrong_hash_is_rejected_and_corruption_detected(net, observer)
     assert os.path.exists(stored)
 
 
+def test_graceful_stop_finishes_a_claimed_job_and_restart_resumes_one(net, observer):
+    honest = next(w for w in net.workers if w.index == 1)
+    assert net.stop_worker(honest) == 0
+    client = JobClient(net.rpc_url, dev_account(6), fee_wei=FEE, timeout=120, timeout_blocks=500)
+    stall = ("--stall-after-claim", "600")
+
+    # SIGTERM while a claimed job is in progress: the worker finishes it, then exits cleanly.
+    worker = net.start_worker(2, extra_args=stall, env=CHEAT_ENV)
+    a, b = _operands(21, (9, 5), (5, 3))
+    result = _in_thread(lambda: client.matmul(a, b))
+    _wait_for(lambda: len(_events(observer, "JobClaimed", worker=worker.address)) == 2, 60,
+              "worker 2 to claim")
+    assert net.stop_worker(worker) == 0
+    np.testing.assert_allclose(result(60), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    first = _events(observer, "JobClaimed", worker=worker.address)[-1]["args"]["jobId"]
+    assert observer.job(first).status == 4 and observer.job(first).worker == worker.address
+
+    # SIGKILL after a claim, restart without the stall: it resumes the same job from its state.
+    worker = net.start_worker(2, extra_args=stall, env=CHEAT_ENV)
+    a, b = _operands(22, (6, 5), (5, 8))
+    result = _in_thread(lambda: client.matmul(a, b))
+    _wait_for(lambda: len(_events(observer, "JobClaimed", worker=worker.address)) == 3, 60,
+              "worker 2 to claim again")
+    net.stop_worker(worker, kill=True)
+    worker = net.start_worker(2)
+    np.testing.assert_allclose(result(60), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    resumed = _events(observer, "JobClaimed", worker=worker.address)[-1]["args"]["jobId"]
+    assert _events(observer, "JobReopened", jobId=resumed) == []
+    assert _events(observer, "JobVerified", jobId=resumed)[0]["args"]["worker"] == worker.address
+    client.close()
+    assert net.stop_worker(worker) == 0
+    net.start_worker(1)
+
+
 def test_cli_submit_jobs_and_balance(net, observer, tmp_path):
     a, b = _operands(11, (7, 9), (9, 4))
     np.save(tmp_path / "a.npy", a)
@@ -237,8 +271,8 @@ def test_worker_api_metrics_and_admin_actions(net, observer):
     assert status["address"] == worker.address and status["completed"] == len(verified) == 7
     assert status["stake_wei"] == observer.stake_of(worker.address)
     metrics = httpx.get(f"{api}/metrics").text
-    assert 'needle_jobs_total{outcome="verified"} 2.0' in metrics  # since its restart
-    since_restart = verified[:2]  # newest first
+    assert 'needle_jobs_total{outcome="verified"} 1.0' in metrics  # the CLI job, since restart
+    since_restart = verified[:1]  # newest first
     flops = sum(2.0 * j["batch"] * j["m"] * j["k"] * j["n"] for j in since_restart)
     assert f"needle_flops_total {flops}" in metrics
     assert "/admin/withdraw" in httpx.get(f"{api}/openapi.json").json()["paths"]
