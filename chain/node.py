@@ -1,8 +1,9 @@
 """The chain node: admits signed transactions to a mempool and seals blocks.
 
 One lock guards the py-evm chain. A producer thread seals a block as soon as
-transactions are pending (``seal_on_pending``) and at least every ``block_time``
-seconds; each sealed block is flushed to sqlite in one transaction.
+transactions are pending (``seal_on_pending``; it first keeps gathering while more
+arrive, up to ``gather_s``) and at least every ``block_time`` seconds; each sealed
+block is flushed to sqlite in one transaction.
 """
 from __future__ import annotations
 
@@ -99,7 +100,6 @@ class Node:
             self.db.flush()
         self.lock = threading.RLock()
         self.mempool = Mempool()
-        self.dropped: dict[bytes, str] = {}
         self._wake = threading.Condition(self.lock)
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -225,10 +225,9 @@ class Node:
                 snapshot = vm.state.snapshot()
                 try:
                     receipt, _ = vm.apply_transaction(header, tx)
-                except ValidationError as exc:
+                except Exception as exc:  # invalid now (e.g. funds spent): drop, never stall
                     vm.state.revert(snapshot)
                     self.mempool.remove(tx)
-                    self.dropped[tx.hash] = str(exc)
                     log.warning("dropped tx 0x%s: %s", tx.hash.hex(), exc)
                     continue
                 header = vm.add_receipt_to_header(header, receipt)
