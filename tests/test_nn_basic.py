@@ -211,6 +211,33 @@ def test_batchnorm2d_normalises_each_channel_over_batch_and_pixels(device):
         bn(tensor(np.zeros((2, 4, 5, 5)), device))
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_batchnorm2d_gradients_match_finite_differences(training, device):
+    x, R = np.random.randn(3, 2, 2, 3), np.random.randn(3, 2, 2, 3)
+    bn = nn.BatchNorm2d(2, device=device)
+    w, b = np.random.randn(2), np.random.randn(2)
+    bn.weight.data = tensor(w, device)
+    bn.bias.data = tensor(b, device)
+    mean, var = np.array([0.3, -0.2]), np.array([1.5, 0.7])
+    bn.running_mean.data = tensor(mean, device)
+    bn.running_var.data = tensor(var, device)
+    if not training:
+        bn.eval()
+
+    def ref(x, w, b):
+        shape = (1, 2, 1, 1)
+        mu = x.mean((0, 2, 3), keepdims=True) if training else mean.reshape(shape)
+        sigma2 = x.var((0, 2, 3), keepdims=True) if training else var.reshape(shape)
+        y = (x - mu) / np.sqrt(sigma2 + 1e-5) * w.reshape(shape) + b.reshape(shape)
+        return np.sum(y * R)
+
+    X = tensor(x, device)
+    (bn(X) * tensor(R, device, False)).sum().backward()
+    for i, got in enumerate([X.grad, bn.weight.grad, bn.bias.grad]):
+        np.testing.assert_allclose(got.numpy(), numeric_grad(ref, [x, w, b], i), rtol=1e-3,
+                                   atol=1e-3)
+
+
 def test_layernorm_matches_numpy_and_finite_differences(device):
     x, R = np.random.randn(2, 3, 5), np.random.randn(2, 3, 5)
     ln = nn.LayerNorm1d(5, device=device)

@@ -6,7 +6,7 @@ import numpy as np
 
 from needle import init, ops
 from needle.autograd import Tensor
-from needle.ops.ops_nn import linear, softmax_cross_entropy
+from needle.ops.ops_nn import BatchNorm, linear, softmax_cross_entropy
 
 __all__ = [
     "Parameter",
@@ -262,30 +262,30 @@ class BatchNorm1d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_shape(self, x, 2, {1: self.dim})
-        n = x.shape[0]
-        if self.training:
-            mean = ops.summation(x, axes=(0,)) / n
-            centered = x - _row(mean, x.shape)
-            var = ops.summation(centered * centered, axes=(0,)) / n
-            m = self.momentum
-            self.running_mean = (self.running_mean * (1 - m) + mean.detach() * m).detach()
-            self.running_var = (self.running_var * (1 - m) + var.detach() * m).detach()
-        else:
-            centered = x - _row(self.running_mean, x.shape)
-            var = self.running_var
-        scale = self.weight / ops.power_scalar(var + self.eps, 0.5)
-        return centered * _row(scale, x.shape) + _row(self.bias, x.shape)
+        return self.normalize(x)
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """x (N, dim, ...) normalised per channel over everything but the channel axis."""
+        if not self.training:
+            running = (self.running_mean.realize_cached_data(),
+                       self.running_var.realize_cached_data())
+            return BatchNorm(self.eps, running)(x, self.weight, self.bias)
+        op = BatchNorm(self.eps)
+        out = op(x, self.weight, self.bias)
+        m = self.momentum
+        self.running_mean = Tensor.make_const(self.running_mean.realize_cached_data() * (1 - m)
+                                              + op.mean * m)
+        self.running_var = Tensor.make_const(self.running_var.realize_cached_data() * (1 - m)
+                                             + op.var * m)
+        return out
 
 
 class BatchNorm2d(BatchNorm1d):
-    """BatchNorm over the channels of NCHW images."""
+    """BatchNorm over the channels of NCHW images (statistics over batch and pixels)."""
 
     def forward(self, x: Tensor) -> Tensor:
         check_shape(self, x, 4, {1: self.dim})
-        n, c, h, w = x.shape
-        rows = x.transpose((1, 2)).transpose((2, 3)).reshape((n * h * w, c))
-        y = super().forward(rows).reshape((n, h, w, c))
-        return y.transpose((2, 3)).transpose((1, 2))
+        return self.normalize(x)
 
 
 class LayerNorm1d(Module):

@@ -70,3 +70,59 @@ class SoftmaxCrossEntropy(TensorOp):
 def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     """Mean cross-entropy of logits (batch, classes) against integer labels (batch,)."""
     return SoftmaxCrossEntropy(labels.numpy().astype(np.int64))(logits)
+
+
+class BatchNorm(TensorOp):
+    """Per-channel normalisation of x (N, C, ...) by its batch statistics (training) or by
+    given running ones (eval), then scale w (C,) and shift b (C,).
+
+    After compute, `mean` and `var` hold the batch statistics (biased variance) for the
+    layer's running averages. Backward is the closed form, dx = w / std / M
+    (M g - sum g - x_hat sum(g x_hat)) with sums over the M = N * pixels of each channel.
+    """
+
+    def __init__(self, eps: float, running: tuple[NDArray, NDArray] | None = None):
+        self.eps = eps
+        self.running = running
+
+    def _channels(self, a: NDArray) -> NDArray:
+        """(N, C, ...) as (N, C, S), S the pixels per channel (1 for BatchNorm1d)."""
+        n, c = a.shape[:2]
+        return a.reshape((n, c, a.size // (n * c)))
+
+    @staticmethod
+    def _per_channel_sum(a: NDArray) -> NDArray:
+        """(N, C, S) -> (C,): the trailing reduction first, it needs no permuted copy."""
+        return a.sum(axis=2).sum(axis=0)
+
+    def compute(self, x: NDArray, w: NDArray, b: NDArray) -> NDArray:
+        x3 = self._channels(x)
+        n, c, s = x3.shape
+        if self.running is None:
+            self.mean = self._per_channel_sum(x3) * (1.0 / (n * s))
+            centered = x3 + (self.mean * -1.0).reshape((1, c, 1)).broadcast_to(x3.shape)
+            self.var = self._per_channel_sum(centered * centered) * (1.0 / (n * s))
+        else:
+            mean, self.var = self.running
+            centered = x3 + (mean * -1.0).reshape((1, c, 1)).broadcast_to(x3.shape)
+        self.inv_std = (self.var + self.eps) ** -0.5
+        self.x_hat = centered * self.inv_std.reshape((1, c, 1)).broadcast_to(x3.shape)
+        out = self.x_hat * w.reshape((1, c, 1)).broadcast_to(x3.shape)
+        return (out + b.reshape((1, c, 1)).broadcast_to(x3.shape)).reshape(x.shape)
+
+    def gradient(self, out_grad, node):
+        x, w = node.inputs[0], node.inputs[1]
+        g = self._channels(out_grad.realize_cached_data())
+        n, c, s = g.shape
+        grad_b = self._per_channel_sum(g)
+        grad_w = self._per_channel_sum(g * self.x_hat)
+        scale = (w.realize_cached_data() * self.inv_std).reshape((1, c, 1))
+        if self.running is None:
+            m = n * s
+            inner = g * float(m) + (grad_b * -1.0).reshape((1, c, 1)).broadcast_to(g.shape)
+            inner = inner + self.x_hat * (grad_w * -1.0).reshape((1, c, 1)).broadcast_to(g.shape)
+            grad_x = inner * (scale * (1.0 / m)).broadcast_to(g.shape)
+        else:
+            grad_x = g * scale.broadcast_to(g.shape)
+        return (Tensor.make_const(grad_x.reshape(x.shape)), Tensor.make_const(grad_w),
+                Tensor.make_const(grad_b))
