@@ -1,6 +1,7 @@
 """Remote matmul on loopback: local matmul time vs remote job latency (submit to verified
-result), operand transfer throughput, fixed overhead per job, and small jobs per second
-with batching. Starts its own devnet (chain + workers as processes) in a temp directory.
+result), operand transfer throughput against raw loopback sockets, the fixed overhead per
+job stage by stage, and small jobs per second with batching. Starts its own devnet (chain
+node + worker processes) in a temporary directory.
 
     .venv/bin/python bench/remote_matmul.py [--sizes 256 1024 2048] [--workers 2]
 """
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,23 +32,49 @@ def best_of(fn, repeats: int) -> float:
     return min(times)
 
 
+def raw_loopback_bytes_per_s(total: int = 256 << 20) -> float:
+    """TCP throughput between two threads of this process: the ceiling for blob transfer."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def drain():
+        conn, _ = server.accept()
+        buf, received = memoryview(bytearray(1 << 20)), 0
+        while received < total:
+            received += conn.recv_into(buf)
+        conn.close()
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    chunk = b"\0" * (1 << 20)
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        for _ in range(total >> 20):
+            conn.sendall(chunk)
+        thread.join()
+    server.close()
+    return total / (time.perf_counter() - t0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--small-jobs", type=int, default=200)
-    parser.add_argument("--block-time", type=float, default=0.2)
+    parser.add_argument("--small-jobs", type=int, default=100)
+    parser.add_argument("--block-time", type=float, default=0.5)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
+    raw = raw_loopback_bytes_per_s()
     with tempfile.TemporaryDirectory() as tmp, Devnet(Path(tmp), block_time=args.block_time) as net:
         net.start(args.workers)
-        client = JobClient(net.rpc_url, timeout=600, local_check=True)
+        client = JobClient(net.rpc_url, timeout=600)
         market = client.market
-        print(f"devnet: chain + {args.workers} workers on loopback, block time {args.block_time}s")
+        print(f"devnet: chain + {args.workers} workers on loopback, block time "
+              f"{args.block_time}s; raw loopback TCP (reference) {raw / 1e9:.2f} GB/s")
 
-        print("\n== latency: local matmul vs remote job (submit -> verified result)")
-        print(f"{'n':>6} {'local s':>9} {'remote s':>9} {'ratio':>7} {'upload GB/s':>12} "
-              f"{'download GB/s':>14}")
+        print("\n== latency: local numpy matmul vs remote job (submit -> verified result)")
+        print(f"{'n':>6} {'local s':>9} {'remote s':>9} {'ratio':>8} {'upload GB/s':>12} "
+              f"{'download GB/s':>14} {'vs raw TCP':>11}")
         for n in args.sizes:
             a = rng.standard_normal((n, n)).astype(np.float32)
             b = rng.standard_normal((n, n)).astype(np.float32)
@@ -57,13 +86,25 @@ def main() -> None:
                          .raise_for_status(), 3)
             id_ = market.put_blob(data)
             down = best_of(lambda id_=id_: market.get_blob(id_), 3)
-            print(f"{n:>6} {local:>9.4f} {remote:>9.3f} {remote / local:>7.1f} "
-                  f"{len(data) / up / 1e9:>12.2f} {len(data) / down / 1e9:>14.2f}")
+            rate = len(data) / down
+            print(f"{n:>6} {local:>9.4f} {remote:>9.3f} {remote / local:>8.1f} "
+                  f"{len(data) / up / 1e9:>12.3f} {rate / 1e9:>14.3f} {rate / raw:>11.2f}")
 
-        print("\n== fixed overhead per job (8x8 operands, so compute and transfer are ~0)")
-        a = rng.standard_normal((8, 8)).astype(np.float32)
-        overhead = best_of(lambda: client.matmul(a + np.float32(rng.random()), a), 5)
-        print(f"submit -> verified result: {overhead * 1000:.1f} ms per job")
+        print("\n== fixed overhead per job, by stage (8x8 operands; mean of 5 jobs, ms)")
+        stages = ("uploaded", "submitted", "claimed", "committed", "verified", "paid")
+        spans = []
+        for _ in range(5):
+            a = rng.standard_normal((8, 8)).astype(np.float32)
+            [job] = client.submit([(a, a)])
+            client.wait([job])
+            times = [job.times["start"], *(job.times[s] for s in stages)]
+            spans.append(np.diff(times) * 1000)
+        mean = np.mean(spans, axis=0)
+        labels = ("upload A, B", "submit tx", "until claimed", "until committed",
+                  "until verified (finalize)", "fetch C + local check")
+        for label, ms in zip(labels, mean, strict=True):
+            print(f"  {label:<28} {ms:8.1f}")
+        print(f"  {'total':<28} {mean.sum():8.1f}")
 
         print(f"\n== {args.small_jobs} small jobs (32x32) submitted in one transaction")
         pairs = [(rng.standard_normal((32, 32)).astype(np.float32),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from eth_account import Account
@@ -74,6 +74,7 @@ class _Pending:
     b: np.ndarray
     precision: str
     stage: str = "submitted"
+    times: dict[str, float] = field(default_factory=dict)  # perf_counter when each stage began
     deadline: int = 0
     commit_block: int = 0
     c_id: bytes = b""
@@ -134,6 +135,7 @@ class JobClient:
                 shapes.append(validate_operands(a, b, self.market.max_blob_bytes))
             except ValueError as err:
                 raise RemoteJobError("validate", f"pair {i}: {err}") from err
+        start = time.perf_counter()
         try:
             with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
                 a_ids = pool.map(self.market.put_array, [a for a, _ in pairs])
@@ -141,6 +143,7 @@ class JobClient:
                 ids = list(zip(a_ids, b_ids, strict=True))
         except Exception as err:
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
+        uploaded = time.perf_counter()
         precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
         rows = [(a_id, b_id, *shape, PRECISION_CODES[p], self.fee_wei)
                 for (a_id, b_id), shape, p in zip(ids, shapes, precisions, strict=True)]
@@ -154,7 +157,9 @@ class JobClient:
             raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
         job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
         self._next_block = receipt["blockNumber"]
-        return [_Pending(job_id, a, b, p)
+        now = time.perf_counter()
+        return [_Pending(job_id, a, b, p, times={"start": start, "uploaded": uploaded,
+                                                  "submitted": now})
                 for job_id, (a, b), p in zip(job_ids, pairs, precisions, strict=True)]
 
     def wait(self, pending: list[_Pending]) -> list[np.ndarray]:
@@ -192,18 +197,20 @@ class JobClient:
     def _apply(self, p: _Pending, event) -> None:
         name, args = event["event"], event["args"]
         if name == "JobClaimed":
-            p.stage, p.deadline = "claimed", args["deadline"]
+            p.deadline = args["deadline"]
+            _enter(p, "claimed")
         elif name == "ResultCommitted":
-            p.stage, p.commit_block, p.c_id = "committed", event["blockNumber"], args["cId"]
+            p.commit_block, p.c_id = event["blockNumber"], args["cId"]
+            _enter(p, "committed")
         elif name == "JobReopened":
-            p.stage = "submitted"
+            _enter(p, "submitted")
         elif name == "JobCancelled":
             raise RemoteJobError("finalize", "the chain's verifier rejected the operands and "
                                  "refunded the fee", p.job_id)
         elif name == "JobVerified":
-            p.stage = "verified"  # finalised with a pass: the fee went to the worker
+            _enter(p, "verified")  # finalised with a pass: the fee went to the worker
             p.result = self._fetch(p)
-            p.stage = "paid"
+            _enter(p, "paid")
 
     def _nudge(self, p: _Pending, head: int) -> None:
         """Keep a job moving when its worker does not."""
@@ -231,6 +238,11 @@ class JobClient:
             raise RemoteJobError("check", "the result failed the client's own Freivalds check",
                                  p.job_id)
         return np.array(c)
+
+
+def _enter(p: _Pending, stage: str) -> None:
+    p.stage = stage
+    p.times[stage] = time.perf_counter()
 
 
 def _freivalds_ok(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str) -> bool:
