@@ -103,7 +103,7 @@ def _as_shape(shape) -> Shape:
     if isinstance(shape, int | np.integer):
         shape = (shape,)
     shape = tuple(int(s) for s in shape)
-    if any(s < 0 for s in shape):
+    if min(shape, default=0) < 0:
         raise ValueError(f"negative dimension in shape {shape}")
     return shape
 
@@ -413,12 +413,12 @@ class NDArray:
         """A view when the data is contiguous, otherwise a reshaped compact copy."""
         new_shape = tuple(int(s) for s in new_shape)
         size = self.size
-        if new_shape.count(-1) == 1:
-            known = math.prod(s for s in new_shape if s != -1)
-            if known == 0 or size % known:
+        if -1 in new_shape:
+            known = -math.prod(new_shape)
+            if new_shape.count(-1) > 1 or known <= 0 or size % known:
                 raise ValueError(f"cannot reshape array of shape {self._shape} into {new_shape}")
             new_shape = tuple(size // known if s == -1 else s for s in new_shape)
-        if math.prod(new_shape) != size or any(s < 0 for s in new_shape):
+        if math.prod(new_shape) != size or min(new_shape, default=0) < 0:
             raise ValueError(f"cannot reshape array of shape {self._shape} into {new_shape}")
         source = self if self._strides == _compact_strides(self._shape) else self.compact()
         return source._view(new_shape, None, source._offset)
@@ -650,7 +650,8 @@ class NDArray:
                 # Leading axes (a batch, N*H*W of NHWC): ones(1, R) @ x(R, C) reads x in
                 # place, where reduce_sum would first need a transposed copy of x.
                 rows = self.reshape((reduce_size, out.size))
-                ones = self._device.full((1, reduce_size), 1.0)
+                ones = _fresh((1, reduce_size), self._device)
+                self._device.fill(ones._handle, 1.0)
                 self._device.matmul(
                     ones._handle, rows.compact()._handle, out._handle, 1, reduce_size, out.size
                 )
