@@ -6,7 +6,7 @@ import numpy as np
 
 from needle import init, ops
 from needle.autograd import Tensor
-from needle.ops.ops_nn import BatchNorm, linear, softmax_cross_entropy
+from needle.ops.ops_nn import BatchNorm, LayerNorm, linear, softmax_cross_entropy
 
 __all__ = [
     "Parameter",
@@ -239,11 +239,6 @@ class MSELoss(Module):
         return ops.summation(diff * diff) / float(np.prod(pred.shape))
 
 
-def _row(v: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """Broadcast a per-feature vector (d,) against a tensor whose last axis is d."""
-    return ops.broadcast_to(ops.reshape(v, (1,) * (len(shape) - 1) + (shape[-1],)), shape)
-
-
 class BatchNorm1d(Module):
     """Normalise each feature over the batch; running statistics are used in eval mode.
 
@@ -303,13 +298,7 @@ class LayerNorm1d(Module):
             raise ValueError(
                 f"LayerNorm1d expects input of shape (..., {self.dim}), got {tuple(x.shape)}"
             )
-        last = len(x.shape) - 1
-        keep = (*x.shape[:-1], 1)
-        mean = ops.summation(x, axes=(last,)).reshape(keep) / self.dim
-        centered = x - ops.broadcast_to(mean, x.shape)
-        var = ops.summation(centered * centered, axes=(last,)).reshape(keep) / self.dim
-        std = ops.broadcast_to(ops.power_scalar(var + self.eps, 0.5), x.shape)
-        return _row(self.weight, x.shape) * centered / std + _row(self.bias, x.shape)
+        return LayerNorm(self.eps)(x, self.weight, self.bias)
 
 
 class Dropout(Module):

@@ -126,3 +126,38 @@ class BatchNorm(TensorOp):
             grad_x = g * scale.broadcast_to(g.shape)
         return (Tensor.make_const(grad_x.reshape(x.shape)), Tensor.make_const(grad_w),
                 Tensor.make_const(grad_b))
+
+
+class LayerNorm(TensorOp):
+    """Normalise x (..., D) over its last axis, then scale w (D,) and shift b (D,).
+
+    Backward: with gw = g w, dx = (D gw - sum gw - x_hat sum(gw x_hat)) / (D std), sums over D.
+    """
+
+    def __init__(self, eps: float):
+        self.eps = eps
+
+    def compute(self, x: NDArray, w: NDArray, b: NDArray) -> NDArray:
+        d = x.shape[-1]
+        rows = x.reshape((x.size // d, d))
+        mean = rows.sum(axis=1, keepdims=True) * (1.0 / d)
+        centered = rows + (mean * -1.0).broadcast_to(rows.shape)
+        var = (centered * centered).sum(axis=1, keepdims=True) * (1.0 / d)
+        self.inv_std = (var + self.eps) ** -0.5
+        self.x_hat = centered * self.inv_std.broadcast_to(rows.shape)
+        out = self.x_hat * w.reshape((1, d)).broadcast_to(rows.shape)
+        return (out + b.reshape((1, d)).broadcast_to(rows.shape)).reshape(x.shape)
+
+    def gradient(self, out_grad, node):
+        x, w = node.inputs[0], node.inputs[1]
+        rows, d = self.x_hat.shape
+        g = out_grad.realize_cached_data().reshape((rows, d))
+        gw = g * w.realize_cached_data().reshape((1, d)).broadcast_to(g.shape)
+        sum_gw = gw.sum(axis=1, keepdims=True) * -1.0
+        sum_gw_xhat = (gw * self.x_hat).sum(axis=1, keepdims=True) * -1.0
+        inner = gw * float(d) + sum_gw.broadcast_to(g.shape)
+        inner = inner + self.x_hat * sum_gw_xhat.broadcast_to(g.shape)
+        grad_x = inner * (self.inv_std * (1.0 / d)).broadcast_to(g.shape)
+        return (Tensor.make_const(grad_x.reshape(x.shape)),
+                Tensor.make_const((g * self.x_hat).sum(axis=0)),
+                Tensor.make_const(g.sum(axis=0)))
