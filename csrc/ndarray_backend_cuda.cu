@@ -105,6 +105,9 @@ DevicePool& pool() {
 
 int64_t checked_size(int64_t size) {
   if (size < 0) throw py::value_error("Array size must be >= 0, got " + std::to_string(size));
+  if (size > (int64_t{1} << 40)) {
+    throw py::value_error("Array size " + std::to_string(size) + " exceeds any GPU's memory");
+  }
   return size;
 }
 
@@ -247,7 +250,9 @@ void compact(const CudaArray& a, CudaArray& out, const std::vector<int64_t>& sha
              const std::vector<int64_t>& strides, int64_t offset) {
   View view = make_view(shape, strides, offset, a.size, "compact");
   size_t n = static_cast<size_t>(element_count(shape));
-  if (n != out.size) view_size_error("compact", static_cast<int64_t>(n), "out has ", static_cast<int64_t>(out.size));
+  if (n != out.size) {
+    view_size_error("compact", static_cast<int64_t>(n), "out has ", static_cast<int64_t>(out.size));
+  }
   if (n == 0) return;
   launch_compact(a.ptr, out.ptr, n, view);
 }
@@ -256,8 +261,10 @@ void ewise_setitem(const CudaArray& a, CudaArray& out, const std::vector<int64_t
                    const std::vector<int64_t>& strides, int64_t offset) {
   View view = make_view(shape, strides, offset, out.size, "ewise_setitem");
   size_t n = static_cast<size_t>(element_count(shape));
-  if (n != a.size) view_size_error("ewise_setitem", static_cast<int64_t>(n), "the source has ",
-                                     static_cast<int64_t>(a.size));
+  if (n != a.size) {
+    view_size_error("ewise_setitem", static_cast<int64_t>(n), "the source has ",
+                    static_cast<int64_t>(a.size));
+  }
   if (n == 0) return;
   if (fits_32_bits(n)) {
     ewise_setitem_kernel<uint32_t>
@@ -447,7 +454,9 @@ __global__ void reduce_thread_kernel(const float* a, float* out, size_t groups, 
 template <typename R>
 __device__ typename R::Acc warp_reduce(typename R::Acc acc) {
   R r;
-  for (int shift = 16; shift > 0; shift /= 2) acc = r(acc, __shfl_xor_sync(0xffffffffu, acc, shift));
+  for (int shift = 16; shift > 0; shift /= 2) {
+    acc = r(acc, __shfl_xor_sync(0xffffffffu, acc, shift));
+  }
   return acc;
 }
 
