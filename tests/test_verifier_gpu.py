@@ -77,6 +77,17 @@ def test_exact_mode_and_batches_on_the_gpu():
     assert not result.passed and result.worst_excess == 1
 
 
+def test_exact_mode_with_large_int64_results_on_the_gpu():
+    rng = np.random.default_rng(3)
+    A = rng.integers(-(2**28), 2**28, (6, 3)).astype(np.int32)
+    B = rng.integers(-(2**28), 2**28, (3, 5)).astype(np.int32)
+    C = A.astype(np.int64) @ B  # entries near 2^57: split into 32-bit halves
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    assert verify(dA, dB, dC, precision="exact", seed=SEED).passed
+    dC[2, 3] += 1
+    assert not verify(dA, dB, dC, precision="exact", seed=SEED).passed
+
+
 def test_mixing_host_and_device_arrays_is_an_error():
     A = np.ones((2, 2), np.float32)
     with pytest.raises(TypeError, match="must all be on the host or all on the GPU"):

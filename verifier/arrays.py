@@ -37,11 +37,12 @@ def products(xp: ModuleType, M, W, v, dtype):
     kernel does the same for float32 M (float checks, dtype float64).
     """
     if xp is not np:
-        if v is None:
-            return M.astype(dtype, copy=False) @ W, None
         from verifier.gpu import signed_and_abs
 
-        return signed_and_abs(M, W, v)
+        if dtype != np.float64:  # int64 limbs: huge exact entries, rare
+            return M.astype(dtype, copy=False) @ W, None
+        signed, absolute = signed_and_abs(M, W, xp.zeros(M.shape[1]) if v is None else v)
+        return signed, (None if v is None else absolute)
     rows, cols = M.shape
     signed = np.empty((rows, W.shape[1]), dtype)
     absolute = None if v is None else np.empty(rows, dtype)

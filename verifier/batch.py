@@ -139,9 +139,9 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
     R = xp.asarray(field_vectors(seed, n, rounds))
     mismatches, first = 0, None
     for index, a, b, c in _elements(xp, A, B, C, batch):
-        rows = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c)
-        if len(rows) and first is None:
-            first = _where(index, int(rows[0]))
-        mismatches += len(rows)
+        wrong, row = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c)
+        if wrong and first is None:
+            first = _where(index, row)
+        mismatches += wrong
     reason = "ok" if first is None else f"{mismatches} rows differ mod p, first {first}"
     return VerifyResult(mismatches == 0, float(mismatches), rounds, bound, reason)

@@ -76,9 +76,11 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int):
     return out
 
 
-def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int, bound_c: int):
-    """Indices of the rows of C where C R != A (B R) mod p for some column of R."""
+def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int,
+          bound_c: int) -> tuple[int, int]:
+    """(number of rows of C where C R != A (B R) mod p for some column of R, the first)."""
     X = matmul_mod_p(xp, B, R, bound_b)
     Y = matmul_mod_p(xp, A, X, bound_a)
     Z = matmul_mod_p(xp, C, R, bound_c)
-    return xp.nonzero((Y != Z).any(axis=1))[0]
+    wrong = (Y != Z).any(axis=1)
+    return int(wrong.sum()), int(wrong.argmax())

@@ -33,13 +33,14 @@ def as_seed(seed: bytes | bytearray | memoryview | None) -> bytes:
 
 def stream(seed: bytes, label: bytes, nbytes: int, start_block: int = 0) -> bytes:
     """nbytes of SHA-256 counter-mode output for (seed, label), from block start_block on."""
-    prefix = DOMAIN + len(seed).to_bytes(8, "big") + seed + label
+    prefix = hashlib.sha256(DOMAIN + len(seed).to_bytes(8, "big") + seed + label)
     blocks = -(-nbytes // 32)
-    out = b"".join(
-        hashlib.sha256(prefix + i.to_bytes(8, "big")).digest()
-        for i in range(start_block, start_block + blocks)
-    )
-    return out[:nbytes]
+    out = bytearray()
+    for i in range(start_block, start_block + blocks):
+        block = prefix.copy()  # the hashed prefix is reused, only the counter is new
+        block.update(i.to_bytes(8, "big"))
+        out += block.digest()
+    return bytes(out[:nbytes])
 
 
 def derive_seed(seed: bytes, label: bytes) -> bytes:
