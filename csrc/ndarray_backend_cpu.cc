@@ -248,7 +248,7 @@ void apply_unary(const AlignedArray& a, AlignedArray& out, Op op, const char* wh
   const scalar_t* x = a.ptr();
   scalar_t* y = out.ptr();
   const int64_t n = out.size;
-  const int threads = team_size(n >= kParallelElements);
+  [[maybe_unused]] const int threads = team_size(n >= kParallelElements);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) y[i] = op(x[i]);
 }
@@ -262,7 +262,7 @@ void apply_binary(const AlignedArray& a, const AlignedArray& b, AlignedArray& ou
   const scalar_t* z = b.ptr();
   scalar_t* y = out.ptr();
   const int64_t n = out.size;
-  const int threads = team_size(n >= kParallelElements);
+  [[maybe_unused]] const int threads = team_size(n >= kParallelElements);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) y[i] = op(x[i], z[i]);
 }
@@ -309,7 +309,7 @@ void reduce_sum(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
   const scalar_t* x = a.ptr();
   scalar_t* y = out.ptr();
   const int64_t groups = out.size;
-  const int threads = team_size(a.size >= kParallelElements && groups > 1);
+  [[maybe_unused]] const int threads = team_size(a.size >= kParallelElements && groups > 1);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t g = 0; g < groups; ++g) {
     const scalar_t* group = x + g * reduce_size;
@@ -325,7 +325,7 @@ void reduce_max(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
   const scalar_t* x = a.ptr();
   scalar_t* y = out.ptr();
   const int64_t groups = out.size;
-  const int threads = team_size(a.size >= kParallelElements && groups > 1);
+  [[maybe_unused]] const int threads = team_size(a.size >= kParallelElements && groups > 1);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t g = 0; g < groups; ++g) {
     const scalar_t* group = x + g * reduce_size;
@@ -356,37 +356,31 @@ inline void micro_kernel(int64_t kc, const scalar_t* __restrict__ ap,
                          const scalar_t* __restrict__ bp, scalar_t* __restrict__ c, int64_t ldc,
                          bool accumulate) {
 #if defined(__AVX2__) && defined(__FMA__)
-  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-  __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-  __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-  __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
-  __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  for (int64_t i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-#pragma GCC unroll 4
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
-    __m256 a;
-    a = _mm256_broadcast_ss(ap + 0), c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
-    a = _mm256_broadcast_ss(ap + 1), c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
-    a = _mm256_broadcast_ss(ap + 2), c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
-    a = _mm256_broadcast_ss(ap + 3), c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
-    a = _mm256_broadcast_ss(ap + 4), c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
-    a = _mm256_broadcast_ss(ap + 5), c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
-    ap += MR;
-    bp += NR;
+  __m256 acc[MR][2];  // fully unrolled below, so these stay in registers
+#pragma GCC unroll 6
+  for (int64_t i = 0; i < MR; ++i) {
+    acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
   }
-  const __m256 rows[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
-                              {c30, c31}, {c40, c41}, {c50, c51}};
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k, ap += MR, bp += NR) {
+    const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
+#pragma GCC unroll 6
+    for (int64_t i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(ap + i);
+      acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 6
   for (int64_t i = 0; i < MR; ++i) {
     scalar_t* row = c + i * ldc;
-    __m256 lo = rows[i][0], hi = rows[i][1];
     if (accumulate) {
-      lo = _mm256_add_ps(lo, _mm256_loadu_ps(row));
-      hi = _mm256_add_ps(hi, _mm256_loadu_ps(row + 8));
+      acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(row));
+      acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(row + 8));
     }
-    _mm256_storeu_ps(row, lo);
-    _mm256_storeu_ps(row + 8, hi);
+    _mm256_storeu_ps(row, acc[i][0]);
+    _mm256_storeu_ps(row + 8, acc[i][1]);
   }
 #else
   scalar_t acc[MR][NR] = {};
