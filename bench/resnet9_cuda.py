@@ -5,6 +5,7 @@
 Same architecture (CMU needle's ResNet9), loss and optimiser (SGD, momentum 0.9) in both, float32
 with TF32 off in PyTorch; prints the median step time of each and the ratio.
 """
+
 import argparse
 import statistics
 import time

@@ -86,14 +86,16 @@ def test_strided_numpy_input_and_zero_dim_output(rng):
 
 
 @gpu
-def test_live_buffers_are_distinct_and_reused_buffers_are_overwritten(rng):
+def test_reused_buffers_never_alias_live_ones(rng):
     a, b = cuda.Array(1000), cuda.Array(1000)
     assert a.ptr() != b.ptr()
     x = rng.standard_normal(1000).astype(np.float32)
-    cuda.from_numpy(x, a)
+    cuda.from_numpy(x, b)
     del a
-    c = cuda.Array(1000)  # may reuse a's memory
+    c = cuda.Array(1000)  # may reuse a's memory, never b's
+    assert c.ptr() != b.ptr()
     cuda.fill(c, -1.0)
+    np.testing.assert_array_equal(to_host(b), x)
     np.testing.assert_array_equal(to_host(c), -np.ones(1000, dtype=np.float32))
 
 
