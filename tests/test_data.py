@@ -110,6 +110,10 @@ def test_mnist_reader_parses_idx_files(tmp_path, compress):
     assert y == labels[3]
     flipped = data.MNISTDataset(img_path, lab_path, transforms=[data.RandomFlipHorizontal(1.0)])
     np.testing.assert_allclose(flipped[3][0].reshape(28, 28), images[3][:, ::-1] / 255.0)
+    for dataset, expected in ((ds, images), (flipped, images[:, :, ::-1])):
+        X, Y = next(iter(data.DataLoader(dataset, batch_size=5)))
+        np.testing.assert_allclose(X.numpy(), expected.reshape(5, -1) / 255.0, rtol=1e-6)
+        np.testing.assert_array_equal(Y.numpy(), labels)
     X, Y = data.parse_mnist(img_path, lab_path)
     assert X.shape == (5, 784) and X.max() <= 1.0
     np.testing.assert_array_equal(Y, labels)

@@ -23,6 +23,13 @@ class Dataset:
             x = transform(x)
         return x
 
+    def batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The examples at indices, stacked field by field."""
+        examples = [self[int(i)] for i in indices]
+        if not isinstance(examples[0], tuple):
+            examples = [(e,) for e in examples]
+        return tuple(np.stack(field) for field in zip(*examples, strict=True))
+
 
 class ArrayDataset(Dataset):
     """Examples held in memory: X[i] (with transforms applied) and, when given, y[i]."""
@@ -40,6 +47,11 @@ class ArrayDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.X)
+
+    def batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        if self.transforms:  # random per-example transforms: one example at a time
+            return super().batch(indices)
+        return (self.X[indices],) if self.y is None else (self.X[indices], self.y[indices])
 
 
 class DataLoader:
@@ -71,10 +83,7 @@ class DataLoader:
         order = self.rng.permutation(n) if self.shuffle else np.arange(n)
         for batch in range(len(self)):
             indices = order[batch * self.batch_size : (batch + 1) * self.batch_size]
-            examples = [self.dataset[int(i)] for i in indices]
-            if not isinstance(examples[0], tuple):
-                examples = [(e,) for e in examples]
             yield tuple(
-                Tensor(np.stack(field), device=self.device, dtype=self.dtype, requires_grad=False)
-                for field in zip(*examples, strict=True)
+                Tensor(field, device=self.device, dtype=self.dtype, requires_grad=False)
+                for field in self.dataset.batch(indices)
             )

@@ -4,7 +4,7 @@ import pickle
 
 import numpy as np
 
-from ..data_basic import Dataset
+from ..data_basic import ArrayDataset
 
 _TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 _TEST = ["test_batch"]
@@ -40,24 +40,20 @@ def load_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32).astype(np.float32) / 255.0, labels.astype(np.uint8)
 
 
-class CIFAR10Dataset(Dataset):
+class CIFAR10Dataset(ArrayDataset):
     """Examples are (3 x 32 x 32 image in [0, 1], label), as CMU needle's reader gives them.
 
     Transforms see the image as H x W x C and hand back the same layout.
     """
 
     def __init__(self, base_folder: str, train: bool, transforms=None):
-        super().__init__(transforms)
         names = _TRAIN if train else _TEST
         parts = [load_batch(os.path.join(base_folder, name)) for name in names]
-        self.X = np.concatenate([x for x, _ in parts])
-        self.y = np.concatenate([y for _, y in parts])
+        super().__init__(np.concatenate([x for x, _ in parts]),
+                         np.concatenate([y for _, y in parts]), transforms=transforms)
 
     def __getitem__(self, index):
         x = self.X[index]
         if self.transforms:
             x = self.apply_transforms(x.transpose(1, 2, 0)).transpose(2, 0, 1)
         return x, self.y[index]
-
-    def __len__(self) -> int:
-        return len(self.X)

@@ -4,7 +4,7 @@ import struct
 
 import numpy as np
 
-from ..data_basic import Dataset
+from ..data_basic import ArrayDataset
 
 _IMAGES_MAGIC, _LABELS_MAGIC = 2051, 2049
 
@@ -39,13 +39,12 @@ def parse_mnist(image_filename: str, label_filename: str) -> tuple[np.ndarray, n
     return X.astype(np.float32) / 255.0, np.frombuffer(labels, dtype=np.uint8, offset=8).copy()
 
 
-class MNISTDataset(Dataset):
+class MNISTDataset(ArrayDataset):
     """Examples are (flat 784 image in [0, 1], label), as in CMU needle; transforms see the
     image as 28 x 28 x 1."""
 
     def __init__(self, image_filename: str, label_filename: str, transforms=None):
-        super().__init__(transforms)
-        self.X, self.y = parse_mnist(image_filename, label_filename)
+        super().__init__(*parse_mnist(image_filename, label_filename), transforms=transforms)
         self.side = int(round(np.sqrt(self.X.shape[1])))
 
     def __getitem__(self, index):
@@ -53,6 +52,3 @@ class MNISTDataset(Dataset):
         if self.transforms:
             x = self.apply_transforms(x.reshape(self.side, self.side, 1)).reshape(-1)
         return x, self.y[index]
-
-    def __len__(self) -> int:
-        return len(self.X)
