@@ -76,8 +76,20 @@ def test_batched_matmul_with_broadcasting_matches_per_element_checks():
     C[1, 2, 6, 0] += 10.0
     result = verify(A, B, C, seed=SEED)
     assert not result.passed and "row 6 of batch element (1, 2)" in result.reason
-    alone = verify(A[1, 0], B[2], C[1, 2], seed=SEED)
-    assert alone.worst_excess == result.worst_excess  # same vectors for every element
+    alone = verify(A[1, 0], B[2], C[1, 2], seed=SEED)  # same vectors for every element
+    assert alone.worst_excess == pytest.approx(result.worst_excess, rel=1e-6)
+
+
+def test_batches_of_large_elements_are_checked_one_by_one_with_the_same_verdicts():
+    rng = np.random.default_rng(6)
+    A, B = floats(rng, 3, 150, 160), floats(rng, 3, 160, 170)  # above the stacking size
+    C = A @ B
+    assert verify(A, B, C, seed=SEED).passed
+    C[2, 149, 3] -= 1e3
+    result = verify(A, B, C, seed=SEED)
+    assert not result.passed and "row 149 of batch element (2,)" in result.reason
+    alone = verify(A[2], B[2], C[2], seed=SEED)
+    assert alone.worst_excess == pytest.approx(result.worst_excess, rel=1e-6)
 
 
 def test_batched_exact_mode():

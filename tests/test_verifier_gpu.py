@@ -88,6 +88,17 @@ def test_exact_mode_with_large_int64_results_on_the_gpu():
     assert not verify(dA, dB, dC, precision="exact", seed=SEED).passed
 
 
+def test_batched_float_checks_on_the_gpu():
+    rng = np.random.default_rng(4)
+    A = cupy.asarray(rng.standard_normal((16, 4, 24, 32), dtype=np.float32))
+    B = cupy.asarray(rng.standard_normal((4, 32, 8), dtype=np.float32))
+    C = A @ B
+    assert verify(A, B, C, seed=SEED).passed
+    C[9, 2, 5, 5] += 100.0
+    result = verify(A, B, C, seed=SEED)
+    assert not result.passed and "row 5 of batch element (9, 2)" in result.reason
+
+
 def test_mixing_host_and_device_arrays_is_an_error():
     A = np.ones((2, 2), np.float32)
     with pytest.raises(TypeError, match="must all be on the host or all on the GPU"):

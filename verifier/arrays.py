@@ -30,12 +30,16 @@ def as_array(xp: ModuleType, x, name: str):
 
 
 def products(xp: ModuleType, M, W, v, dtype):
-    """(M @ W, |M| @ v) evaluated in dtype, reading M once; the vector v may be None.
+    """(M @ W, |M| @ v) evaluated in dtype, reading M once; v may be None. M may carry
+    leading batch dimensions (then W and v may too).
 
     On the host M is taken in row blocks small enough to stay in cache, so the absolute
     value and any conversion to dtype never make a full-size copy of M. On a GPU a fused
     kernel does the same for float32 M (float checks, dtype float64).
     """
+    if M.ndim > 2:  # a stack of small matrices: whole-array operations beat a Python loop
+        Mx = M.astype(dtype, copy=False)
+        return Mx @ W, (None if v is None else (xp.abs(Mx) @ v[..., None])[..., 0])
     if xp is not np:
         from verifier.gpu import signed_and_abs
 

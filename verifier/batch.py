@@ -15,6 +15,7 @@ PRECISIONS = ("fp32", "tf32", "bf16", "exact")
 DEFAULT_ROUNDS = {"exact": 1, "fp32": 16, "tf32": 16, "bf16": 16}
 MAX_ROUNDS = 64
 MAX_DIM = 1 << 28  # keeps every exact limb at least 2 bits wide
+SMALL_ELEMENT = 1 << 16  # mk + kn + mn up to this: a batch is checked as one stack
 EXACT_INPUTS = "int8, int16, int32, int64, uint8, uint16, uint32"
 
 
@@ -103,15 +104,21 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision) -> VerifyRe
         raise ValueError(f"inner dimension k={k} too large for a float32 error bound "
                          f"(at most {floating.MAX_INNER - 1})")
     R = sign_vectors(seed, n, rounds)
+    if batch and A.shape[-2] * k + k * n + C.shape[-2] * n <= SMALL_ELEMENT:
+        parts = [((), xp.broadcast_to(A, (*batch, *A.shape[-2:])),
+                  xp.broadcast_to(B, (*batch, *B.shape[-2:])), C)]  # one stacked check
+    else:
+        parts = _elements(xp, A, B, C, batch)
     worst, reason = -float("inf"), "ok"
-    for index, a, b, c in _elements(xp, A, B, C, batch):
-        excess, row, bad = floating.check(xp, a, b, c, R, precision)
+    for index, a, b, c in parts:
+        excess, where, bad = floating.check(xp, a, b, c, R, precision)
         if bad is not None:
             worst, reason = excess, bad + (f" (batch element {index})" if index else "")
             break
         if excess > worst:
             worst = excess
             if excess > 0:
+                index, row = index + where[:-1], where[-1]
                 reason = f"{_where(index, row)} exceeds its rounding-error bound by {excess:.6g}"
     bound = 2.0**-rounds
     return VerifyResult(worst <= 0, worst, rounds, bound, reason)

@@ -31,13 +31,14 @@ def gamma(length: int, unit: float) -> float:
     return length * unit / (1.0 - length * unit)
 
 
-def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, int, str | None]:
-    """(worst excess over rows and rounds, its row, None) or (inf, -1, reason) for NaN/Inf.
+def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, tuple, str | None]:
+    """(worst excess over rows and rounds, (batch..., row) where it occurs, None), or
+    (inf, (), reason) for NaN/Inf. A, B, C share their leading batch dimensions.
 
     Host data is evaluated in float32 (one BLAS pass per matrix, no float64 copies);
     device data, and host data whose float32 evaluation overflows, in float64.
     """
-    fast = xp is np and float32_possible(B.shape[1], A.shape[1])
+    fast = xp is np and float32_possible(B.shape[-1], A.shape[-1])
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected, not warned
         found = residual_and_bound(xp, A, B, C, R, precision,
                                    np.float32 if fast else np.float64)
@@ -45,13 +46,13 @@ def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, int, str |
         bad = [name for name, M in (("A", A), ("B", B), ("C", C))
                if not bool(xp.isfinite(M).all())]
         if bad:
-            return float("inf"), -1, f"NaN or Inf in {' and '.join(bad)}"
+            return float("inf"), (), f"NaN or Inf in {' and '.join(bad)}"
         found = residual_and_bound(xp, A, B, C, R, precision, np.float64)
     residual, tau = found
-    row_excess = (residual - tau[:, None]).max(axis=1)
+    row_excess = (residual - tau[..., None]).max(axis=-1)
     row_excess = row_excess if xp is np else row_excess.get()  # one transfer, not one per row
-    row = int(np.argmax(row_excess))
-    return float(row_excess[row]), row, None
+    where = np.unravel_index(int(np.argmax(row_excess)), row_excess.shape)
+    return float(row_excess[where]), tuple(int(i) for i in where), None
 
 
 def float32_possible(n: int, k: int) -> bool:
@@ -73,10 +74,11 @@ def up(xp: ModuleType, x, dtype):
 
 
 def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.float32):
-    """(|C R - A (B R)| as computed, (m, rounds); tau, (m,)), both float64, evaluated in
-    dtype; None when some computed quantity is not finite (NaN/Inf in, or overflow)."""
-    m, k = A.shape
-    n = B.shape[1]
+    """(|C R - A (B R)| as computed, (..., m, rounds); tau, (..., m)), both float64,
+    evaluated in dtype; None when some computed quantity is not finite (NaN/Inf in, or
+    overflow). A, B, C are single matrices or share their leading batch dimensions."""
+    m, k = A.shape[-2:]
+    n = B.shape[-1]
     ue, tiny_e = charged_unit(n, k, dtype)
     g_n, g_k, eta_n, eta_k = gamma(n, ue), gamma(k, ue), 4 * n * tiny_e, 4 * k * tiny_e
     f = (1 + U_OUT) * (1 + gamma(k, U_ACC))
@@ -96,6 +98,7 @@ def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.floa
         return None
     a_term = (a_hat.astype(np.float64) + eta_k) / (1 - g_k)
     c = (c_hat.astype(np.float64) + eta_n) / (1 - g_n)
-    constant = f * (1 + u_in) * TINY * s.sum() + n * (10 * k + 2) * TINY + eta_n + eta_k
+    constant = (f * (1 + u_in) * TINY * s.sum(axis=-1, keepdims=True)
+                + n * (10 * k + 2) * TINY + eta_n + eta_k)
     tau = SAFETY * (a_term + g_n * c + constant)
     return xp.abs(Z.astype(np.float64) - Y.astype(np.float64)), tau
