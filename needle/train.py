@@ -93,6 +93,10 @@ def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
     return metrics
 
 
+def _perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float beyond ~709
+
+
 def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
                  optimizer: optim.Optimizer | None = None, clip: float | None = None,
                  device=None, desc: str = "", stream: TextIO | None = None) -> dict[str, float]:
@@ -123,11 +127,13 @@ def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
         correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
         seen += y.shape[0]
         if bar:
-            bar.update(step, seen, {"loss": total_loss / seen, "ppl": math.exp(total_loss / seen)})
+            mean = total_loss / seen
+            bar.update(step, seen, {"loss": mean, "ppl": _perplexity(mean)})
     seconds = time.perf_counter() - start
     metrics = {"loss": total_loss / seen, "acc": correct / seen, "samples_per_s": seen / seconds}
     if bar:
-        shown = {"loss": metrics["loss"], "ppl": math.exp(metrics["loss"]), "acc": metrics["acc"]}
+        loss = metrics["loss"]
+        shown = {"loss": loss, "ppl": _perplexity(loss), "acc": metrics["acc"]}
         bar.update(len(starts), seen, shown, final=True)
     return metrics
 
