@@ -48,6 +48,10 @@ def _account(keystore: Path | None, password_file: Path | None):
     return keys.load_keystore(keystore, keys.read_password(password_file))
 
 
+def _exit_on_signal(*_) -> None:
+    raise SystemExit(0)
+
+
 def _fail(message: str) -> None:
     console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(1)
@@ -67,6 +71,7 @@ def devnet_up(
     """
     from node.devnet import Devnet
 
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # leave through `with`: stop the children
     with Devnet(data_dir, port=port, block_time=block_time) as net:
         net.start(workers)
         table = Table("process", "address", "API / dashboard")

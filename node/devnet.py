@@ -95,6 +95,7 @@ class Devnet:
         return subprocess.Popen(
             [sys.executable, "-m", "node", *args], stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})}, start_new_session=True,
+            preexec_fn=_terminate_with_parent,
         )
 
     def start(self, workers: int = 1) -> Devnet:
@@ -166,6 +167,16 @@ class Devnet:
             _stop(worker.process, signal.SIGTERM, 15.0)
         if self.chain is not None:
             _stop(self.chain, signal.SIGTERM, 15.0)
+
+
+def _terminate_with_parent() -> None:
+    """In the child (Linux): get SIGTERM when the devnet's process dies, even by SIGKILL,
+    so no chain or worker outlives it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _stop(process: subprocess.Popen, sig: int, timeout: float) -> int:
