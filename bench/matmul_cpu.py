@@ -77,7 +77,9 @@ def main() -> None:
 
     print(
         f"nproc={os.cpu_count()} OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')} "
-        f"numpy {np.__version__}, repeats={args.repeats}, min_time={args.min_time}s"
+        f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '-')} "
+        f"load average {os.getloadavg()[0]:.1f}, numpy {np.__version__}, "
+        f"repeats={args.repeats}, min_time={args.min_time}s"
     )
     header = f"{'n':>5} | {'needle module':>15} | {'needle NDArray':>15} | {'numpy':>15} |"
     print(header + " module/numpy  ndarray/numpy   (GFLOP/s best / median)")
