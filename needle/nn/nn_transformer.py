@@ -31,16 +31,16 @@ class MultiHeadAttention(Module):
     """
 
     def __init__(self, *, dropout=0.0, causal=False, device=None, dtype="float32"):
+        """device and dtype keep CMU's signature; the layer has no weights, and its mask is
+        made on the device of q."""
         super().__init__()
-        self.device = device
-        self.dtype = dtype
         self.causal = causal
         self.attn_drop = Dropout(dropout)
 
-    def causal_mask(self, queries: int, keys: int) -> Tensor:
+    def causal_mask(self, queries: int, keys: int, device) -> Tensor:
         """Masks key j for query i when j > i + (keys - queries) (the later positions)."""
         mask = np.triu(np.ones((queries, keys), dtype=np.float32), keys - queries + 1) * _MASKED
-        return Tensor(mask.reshape(1, 1, queries, keys), device=self.device, dtype=self.dtype)
+        return Tensor(mask.reshape(1, 1, queries, keys), device=device, requires_grad=False)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor):
         if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
@@ -52,7 +52,8 @@ class MultiHeadAttention(Module):
         keys = k.shape[2]
         logits = ops.matmul(q, ops.transpose(k)) / float(np.sqrt(dim))
         if self.causal:
-            logits = logits + ops.broadcast_to(self.causal_mask(queries, keys), logits.shape)
+            mask = self.causal_mask(queries, keys, q.device)
+            logits = logits + ops.broadcast_to(mask, logits.shape)
         probs = softmax(logits)
         return ops.matmul(self.attn_drop(probs), v), probs
 
@@ -139,8 +140,6 @@ class Transformer(Module):
         self.embedding_size = embedding_size
         self.batch_first = batch_first
         self.sequence_len = sequence_len
-        self.device = device
-        self.dtype = dtype
         self.positional_embedding = Embedding(sequence_len, embedding_size, device, dtype)
         self.layers = Sequential(*[
             TransformerLayer(embedding_size, num_head, dim_head, hidden_size, dropout=dropout,
@@ -155,7 +154,7 @@ class Transformer(Module):
         batch, length, _ = x.shape
         if length > self.sequence_len:
             raise ValueError(f"sequence of {length} exceeds sequence_len {self.sequence_len}")
-        positions = Tensor(np.arange(length), device=self.device, dtype=self.dtype)
+        positions = Tensor(np.arange(length), device=x.device, requires_grad=False)
         pos = self.positional_embedding(positions).reshape((1, length, self.embedding_size))
         x = self.layers(x + ops.broadcast_to(pos, x.shape))
         if not self.batch_first:
