@@ -28,8 +28,6 @@ class _Cell(Module):
         super().__init__()
         self.input_size = input_size
         self.hidden_size = hidden_size
-        self.device = device
-        self.dtype = dtype
         bound = 1.0 / math.sqrt(hidden_size)
         width = gates * hidden_size
         self.W_ih = _uniform(input_size, width, bound=bound, device=device, dtype=dtype)
@@ -47,8 +45,9 @@ class _Cell(Module):
             out = out + ops.broadcast_to(bias, out.shape)
         return out
 
-    def zeros(self, batch: int) -> Tensor:
-        return init.zeros(batch, self.hidden_size, device=self.device, dtype=self.dtype)
+    def zeros(self, X: Tensor) -> Tensor:
+        """The default initial state: zeros for X's batch, on X's device."""
+        return init.zeros(X.shape[0], self.hidden_size, device=X.device)
 
 
 class RNNCell(_Cell):
@@ -62,7 +61,7 @@ class RNNCell(_Cell):
         self.nonlinearity = ops.tanh if nonlinearity == "tanh" else ops.relu
 
     def forward(self, X: Tensor, h: Tensor | None = None) -> Tensor:
-        h = self.zeros(X.shape[0]) if h is None else h
+        h = self.zeros(X) if h is None else h
         return self.nonlinearity(self.gates(X, h))
 
 
@@ -73,7 +72,7 @@ class LSTMCell(_Cell):
         super().__init__(input_size, hidden_size, 4, bias, device, dtype)
 
     def forward(self, X: Tensor, h: tuple[Tensor, Tensor] | None = None):
-        h0, c0 = (self.zeros(X.shape[0]),) * 2 if h is None else h
+        h0, c0 = (self.zeros(X),) * 2 if h is None else h
         batch, hidden = X.shape[0], self.hidden_size
         i, f, g, o = ops.split(self.gates(X, h0).reshape((batch, 4, hidden)), axis=1)
         c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(g)
