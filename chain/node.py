@@ -103,7 +103,6 @@ class Node:
         self._wake = threading.Condition(self.lock)
         self._stop = False
         self._thread: threading.Thread | None = None
-        self.on_block: list = []
         self._view = None
         self._head = self.chain.get_canonical_head()
 
@@ -248,8 +247,6 @@ class Node:
                 raise
             for tx in included:
                 self.mempool.remove(tx)
-        for callback in self.on_block:
-            callback(sealed, receipts)
         return sealed
 
     def _gather(self) -> None:

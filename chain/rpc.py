@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import rlp
+from eth._utils.address import generate_contract_address
 from eth.exceptions import Revert, TransactionNotFound
 from eth.vm.spoof import SpoofTransaction
 from eth_abi import decode as abi_decode
@@ -405,7 +406,7 @@ class Rpc:
             "cumulativeGasUsed": q(receipt.gas_used), "gasUsed": q(receipt.gas_used - previous),
             "effectiveGasPrice": tx_json["gasPrice"],
             "contractAddress": None if tx.to else addr(
-                _contract_address(tx.sender, tx.nonce)),
+                generate_contract_address(tx.sender, tx.nonce)),
             "logs": [entry for entry in logs if entry["transactionHash"] == d(tx.hash)],
             "logsBloom": d(receipt.bloom.to_bytes(256, "big")),
             "status": q(receipt.state_root == b"\x01"), "type": q(tx.type_id or 0),
@@ -468,13 +469,7 @@ class Rpc:
         return self.filters.pop(fid, None) is not None
 
 
-def _contract_address(sender: bytes, nonce: int) -> bytes:
-    from eth._utils.address import generate_contract_address
-
-    return generate_contract_address(sender, nonce)
-
-
-def create_app(node: Node, public_url: str = "") -> FastAPI:
+def create_app(node: Node) -> FastAPI:
     """The HTTP face of a node: JSON-RPC, blobs and /info."""
     rpc = Rpc(node)
     app = FastAPI(title="needle-net chain node")
@@ -493,7 +488,7 @@ def create_app(node: Node, public_url: str = "") -> FastAPI:
 
     @app.get("/info")
     def info(request: Request) -> dict:
-        base = public_url or str(request.base_url).rstrip("/")
+        base = str(request.base_url).rstrip("/")
         return {
             "chain_id": CHAIN_ID,
             "contract": to_checksum_address(MARKET_ADDRESS),

@@ -488,3 +488,24 @@ def test_blob_endpoints_check_hash_size_and_format(node, clients):
     missing = f"{node.url}/blobs/0x{'ab' * 32}"
     assert httpx.get(missing).status_code == 404 and httpx.head(missing).status_code == 404
     assert httpx.get(f"{node.url}/blobs/0x1234").status_code == 400
+
+
+def test_legacy_eip155_transfer_and_lookups(w3):
+    sender, receiver = dev_accounts(12)[10], dev_accounts(12)[11]
+    before = w3.eth.get_balance(receiver.address)
+    raw = sender.sign_transaction({
+        "to": receiver.address, "value": 12345, "gas": 21_000, "gasPrice": w3.eth.gas_price,
+        "nonce": w3.eth.get_transaction_count(sender.address, "pending"), "chainId": 1414,
+    }).raw_transaction
+    tx_hash = w3.eth.send_raw_transaction(raw)
+    receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30)
+    assert receipt["status"] == 1 and receipt["gasUsed"] == 21_000
+    assert receipt["from"] == sender.address and receipt["to"] == receiver.address
+    assert w3.eth.get_balance(receiver.address) == before + 12345
+    tx = w3.eth.get_transaction(tx_hash)
+    assert tx["blockNumber"] == receipt["blockNumber"] and tx["value"] == 12345
+    block = w3.eth.get_block(receipt["blockNumber"], full_transactions=True)
+    assert [t["hash"] for t in block["transactions"]][receipt["transactionIndex"]] == tx_hash
+    unknown = "0x" + keccak(b"unknown").hex()
+    assert w3.provider.make_request("eth_getTransactionReceipt", [unknown])["result"] is None
+    assert w3.provider.make_request("eth_getTransactionByHash", [unknown])["result"] is None
