@@ -145,29 +145,93 @@ int thread_id() {
 // ---------------------------------------------------------------------------------------------
 // Strided views
 
-// Calls visit(i, j) for the i-th element (row-major order) of the view, at buffer index j.
-template <typename Visit>
-void for_each_in_view(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
-                      int64_t offset, Visit visit) {
-  const size_t ndim = shape.size();
-  if (ndim == 0) {
-    visit(0, offset);
-    return;
+// A view's axes with size-1 axes dropped and neighbours that step through memory as one merged:
+// the same elements in the same order, in as few (and as long) axes as possible.
+struct Axes {
+  std::vector<int64_t> dims, steps;
+};
+
+Axes simplify(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  Axes axes;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!axes.dims.empty() && axes.steps.back() == strides[d] * shape[d]) {
+      axes.dims.back() *= shape[d];
+      axes.steps.back() = strides[d];
+    } else {
+      axes.dims.push_back(shape[d]);
+      axes.steps.push_back(strides[d]);
+    }
   }
-  const int64_t inner = shape[ndim - 1], inner_stride = strides[ndim - 1];
-  const int64_t outer = checked_numel(shape) / std::max<int64_t>(inner, 1);
-  if (inner == 0) return;
-  std::vector<int64_t> index(ndim, 0);
-  int64_t base = offset, count = 0;
-  for (int64_t row = 0; row < outer; ++row) {
-    for (int64_t k = 0; k < inner; ++k) visit(count++, base + k * inner_stride);
-    for (int64_t d = static_cast<int64_t>(ndim) - 2; d >= 0; --d) {  // odometer over outer dims
-      base += strides[d];
-      if (++index[d] < shape[d]) break;
-      base -= strides[d] * shape[d];
+  if (axes.dims.empty()) axes = {{1}, {1}};  // a single element
+  return axes;
+}
+
+// Calls visit(i, j) for every index of the leading axes (all but the last `inner`), where i is
+// the row-major position of that block's first element and j its buffer index.
+template <typename Visit>
+void for_each_block(const Axes& axes, int64_t offset, size_t inner, Visit visit) {
+  const int64_t outer = static_cast<int64_t>(axes.dims.size() - inner);
+  int64_t block = 1;
+  for (size_t d = outer; d < axes.dims.size(); ++d) block *= axes.dims[d];
+  std::vector<int64_t> index(outer, 0);
+  int64_t base = offset;
+  for (int64_t i = 0, numel = checked_numel(axes.dims); i < numel; i += block) {
+    visit(i, base);
+    for (int64_t d = outer - 1; d >= 0; --d) {  // odometer over the leading axes
+      base += axes.steps[d];
+      if (++index[d] < axes.dims[d]) break;
+      base -= axes.steps[d] * axes.dims[d];
       index[d] = 0;
     }
   }
+}
+
+// Calls visit(i, j, length, stride) for each run of `length` elements of the view that are
+// consecutive in row-major order (the i-th onwards) and `stride` apart in the buffer (from j).
+template <typename Visit>
+void for_each_run(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                  int64_t offset, Visit visit) {
+  if (checked_numel(shape) == 0) return;
+  const Axes axes = simplify(shape, strides);
+  const int64_t length = axes.dims.back(), stride = axes.steps.back();
+  for_each_block(axes, offset, 1, [&](int64_t i, int64_t j) { visit(i, j, length, stride); });
+}
+
+// dst (rows x cols, compact) = the matrix whose (r, c) element is src[r + c * stride]: a
+// transpose, copied in square tiles so that both sides stay in cache.
+void transpose(scalar_t* dst, const scalar_t* src, int64_t rows, int64_t cols, int64_t stride) {
+  constexpr int64_t kTile = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) dst[r * cols + c] = src[r + c * stride];
+      }
+    }
+  }
+}
+
+// dst (compact) = the strided view (shape, strides, offset) of src, which the caller validated.
+void gather(const scalar_t* src, const std::vector<int64_t>& shape,
+            const std::vector<int64_t>& strides, int64_t offset, scalar_t* dst) {
+  if (checked_numel(shape) == 0) return;
+  const Axes axes = simplify(shape, strides);
+  const size_t last = axes.dims.size() - 1;
+  if (last >= 1 && axes.steps[last - 1] == 1 && axes.steps[last] != 0) {  // transposed last axes
+    const int64_t rows = axes.dims[last - 1], cols = axes.dims[last], stride = axes.steps[last];
+    for_each_block(axes, offset, 2, [&](int64_t i, int64_t j) {
+      transpose(dst + i, src + j, rows, cols, stride);
+    });
+    return;
+  }
+  for_each_run(shape, strides, offset, [&](int64_t i, int64_t j, int64_t length, int64_t stride) {
+    if (stride == 1) {
+      std::memcpy(dst + i, src + j, length * sizeof(scalar_t));
+    } else {
+      for (int64_t k = 0; k < length; ++k) dst[i + k] = src[j + k * stride];
+    }
+  });
 }
 
 void compact(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shape,
@@ -177,9 +241,7 @@ void compact(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shap
     throw py::value_error("compact: view has " + std::to_string(numel) +
                           " elements but out has " + std::to_string(out.size));
   }
-  const scalar_t* src = a.ptr();
-  scalar_t* dst = out.ptr();
-  for_each_in_view(shape, strides, offset, [&](int64_t i, int64_t j) { dst[i] = src[j]; });
+  gather(a.ptr(), shape, strides, offset, out.ptr());
 }
 
 void ewise_setitem(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shape,
@@ -197,7 +259,9 @@ void ewise_setitem(const AlignedArray& a, AlignedArray& out, std::vector<int64_t
     src = copy.get();
   }
   scalar_t* dst = out.ptr();
-  for_each_in_view(shape, strides, offset, [&](int64_t i, int64_t j) { dst[j] = src[i]; });
+  for_each_run(shape, strides, offset, [&](int64_t i, int64_t j, int64_t length, int64_t stride) {
+    for (int64_t k = 0; k < length; ++k) dst[j + k * stride] = src[i + k];
+  });
 }
 
 void scalar_setitem(int64_t size, scalar_t val, AlignedArray& out, std::vector<int64_t> shape,
@@ -208,7 +272,9 @@ void scalar_setitem(int64_t size, scalar_t val, AlignedArray& out, std::vector<i
                           " elements but size is " + std::to_string(size));
   }
   scalar_t* dst = out.ptr();
-  for_each_in_view(shape, strides, offset, [&](int64_t, int64_t j) { dst[j] = val; });
+  for_each_run(shape, strides, offset, [&](int64_t, int64_t j, int64_t length, int64_t stride) {
+    for (int64_t k = 0; k < length; ++k) dst[j + k * stride] = val;
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -233,9 +299,7 @@ py::array_t<scalar_t> to_numpy(const AlignedArray& a, std::vector<int64_t> shape
                                std::vector<int64_t> strides, int64_t offset) {
   check_view(shape, strides, offset, a.size, "to_numpy");
   py::array_t<scalar_t> result(std::vector<py::ssize_t>(shape.begin(), shape.end()));
-  scalar_t* dst = result.mutable_data();
-  const scalar_t* src = a.ptr();
-  for_each_in_view(shape, strides, offset, [&](int64_t i, int64_t j) { dst[i] = src[j]; });
+  gather(a.ptr(), shape, strides, offset, result.mutable_data());
   return result;
 }
 

@@ -130,11 +130,23 @@ def test_setitem_from_its_own_buffer():
     np.testing.assert_array_equal(flat(a), x[::-1])
 
 
-def test_large_strided_copy_matches_numpy():
-    x = RNG.standard_normal((300, 400)).astype(np.float32)
+@pytest.mark.parametrize(
+    "shape, axes",
+    [
+        ((300, 400), (1, 0)),  # transpose, tiles with ragged edges
+        ((5, 33, 17), (0, 2, 1)),  # a batch of transposes
+        ((4, 5, 6, 7), (0, 3, 1, 2)),  # NHWC -> NCHW: the spatial axes merge
+        ((4, 5, 6, 7), (0, 2, 3, 1)),  # NCHW -> NHWC
+        ((6, 7, 8), (2, 1, 0)),
+    ],
+)
+def test_permuted_copies_match_numpy(shape, axes):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    compact_strides = [int(np.prod(shape[d + 1 :])) for d in range(len(shape))]
+    view_shape = tuple(shape[d] for d in axes)
     out = cpu.Array(x.size)
-    cpu.compact(to_array(x), out, (400, 300), (1, 400), 0)  # transpose
-    np.testing.assert_array_equal(flat(out), x.T.reshape(-1))
+    cpu.compact(to_array(x), out, view_shape, tuple(compact_strides[d] for d in axes), 0)
+    np.testing.assert_array_equal(flat(out), x.transpose(axes).reshape(-1))
 
 
 @pytest.mark.parametrize(
