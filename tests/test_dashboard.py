@@ -23,6 +23,7 @@ pytestmark = [
                        "(apt-get install -y chromium)"),
 ]
 FEE = 10**15
+HTTP = httpx.Client(timeout=60.0)
 
 
 class Page:
@@ -39,7 +40,7 @@ class Page:
             assert time.time() < end and self.process.poll() is None, "chromium did not start"
             time.sleep(0.1)
         port = int(port_file.read_text().split()[0])
-        targets = httpx.get(f"http://127.0.0.1:{port}/json/list").json()
+        targets = HTTP.get(f"http://127.0.0.1:{port}/json/list").json()
         page = next(t for t in targets if t["type"] == "page")
         self._closing = contextlib.ExitStack()
         self.ws = self._closing.enter_context(connect(page["webSocketDebuggerUrl"], max_size=None))
@@ -99,7 +100,7 @@ def test_dashboard_lists_jobs_and_updates_live(tmp_path):
             client.matmul(a.T, a)  # a second job, while the page stays open
             _wait_for_rows(page, {"0": "verified", "1": "verified"})
             earned = page.evaluate("document.getElementById('earned').textContent")
-            assert int(earned) == 2 * FEE == httpx.get(f"{worker.api_url}/status").json()[
+            assert int(earned) == 2 * FEE == HTTP.get(f"{worker.api_url}/status").json()[
                 "earned_wei"]
         finally:
             page.close()

@@ -25,6 +25,7 @@ FEE = 10**15
 CHEAT_ENV = {"NEEDLE_NET_ALLOW_CHEAT": "1"}
 MARKET = "0x000000000000000000000000000000000000c0DE"
 POOL = "0x0000000000000000000000000000000000000FEE"
+HTTP = httpx.Client(timeout=60.0)  # generous: the shared 2-core machine is often loaded
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +131,9 @@ def test_cheater_is_slashed_and_never_paid_honest_worker_is_paid(net, observer):
     assert observer.stake_of(cheater.address) == 10**18 - slashed
     verified = _events(observer, "JobVerified", worker=honest.address)
     assert len(verified) == 5 and all(e["args"]["fee"] == FEE for e in verified)
-    status = httpx.get(f"{honest.api_url}/status").json()
+    status = HTTP.get(f"{honest.api_url}/status").json()
     assert status["completed"] == 5 and status["earned_wei"] == 5 * FEE
-    assert httpx.get(f"{cheater.api_url}/status").json()["failed"] == 1
+    assert HTTP.get(f"{cheater.api_url}/status").json()["failed"] == 1
 
     _wait_for(lambda: all(observer.job(j).status == 4 for j in range(observer.job_count())), 10,
               "every job done")
@@ -185,8 +186,8 @@ def test_blob_with_wrong_hash_is_rejected_and_corruption_detected(net, observer)
     data = encode_array(np.arange(6, dtype=np.float32).reshape(2, 3))
     wrong = blob_id(data + b"x")
     url = f"{net.rpc_url}/blobs/0x{wrong.hex()}"
-    assert httpx.put(url, content=data).status_code == 400
-    assert httpx.head(url).status_code == 404
+    assert HTTP.put(url, content=data).status_code == 400
+    assert HTTP.head(url).status_code == 404
     # A blob store that serves bytes not matching the id (disk corruption, a forged store):
     id_ = observer.put_blob(data)
     stored = net.data_dir / "chain" / "blobs" / id_.hex()
@@ -264,35 +265,35 @@ def test_cli_submit_jobs_and_balance(net, observer, tmp_path):
 def test_worker_api_metrics_and_admin_actions(net, observer):
     worker = next(w for w in net.workers if w.index == 1)
     api = worker.api_url
-    assert httpx.get(f"{api}/health").json() == {"ok": True}
-    status = httpx.get(f"{api}/status").json()
-    jobs = httpx.get(f"{api}/jobs").json()
+    assert HTTP.get(f"{api}/health").json() == {"ok": True}
+    status = HTTP.get(f"{api}/status").json()
+    jobs = HTTP.get(f"{api}/jobs").json()
     verified = [j for j in jobs if j["stage"] == "verified"]
     assert status["address"] == worker.address and status["completed"] == len(verified) == 7
     assert status["stake_wei"] == observer.stake_of(worker.address)
-    metrics = httpx.get(f"{api}/metrics").text
+    metrics = HTTP.get(f"{api}/metrics").text
     assert 'needle_jobs_total{outcome="verified"} 1.0' in metrics  # the CLI job, since restart
     since_restart = verified[:1]  # newest first
     flops = sum(2.0 * j["batch"] * j["m"] * j["k"] * j["n"] for j in since_restart)
     assert f"needle_flops_total {flops}" in metrics
-    assert "/admin/withdraw" in httpx.get(f"{api}/openapi.json").json()["paths"]
-    blocks = httpx.get(f"{api}/blocks?count=3").json()
+    assert "/admin/withdraw" in HTTP.get(f"{api}/openapi.json").json()["paths"]
+    blocks = HTTP.get(f"{api}/blocks?count=3").json()
     assert [b["number"] for b in blocks] == sorted((b["number"] for b in blocks), reverse=True)
 
     for headers in ({}, {"Authorization": "Bearer wrong"}):
-        assert httpx.post(f"{api}/admin/stop", headers=headers).status_code == 403
-        assert httpx.post(f"{api}/admin/withdraw", headers=headers).status_code == 403
+        assert HTTP.post(f"{api}/admin/stop", headers=headers).status_code == 403
+        assert HTTP.post(f"{api}/admin/withdraw", headers=headers).status_code == 403
     assert worker.process.poll() is None and observer.worker_info(worker.address)[1] == 0
 
     admin = {"Authorization": f"Bearer {worker.admin_token}"}
-    requested = httpx.post(f"{api}/admin/withdraw", headers=admin).json()
+    requested = HTTP.post(f"{api}/admin/withdraw", headers=admin).json()
     assert requested["requested"] and observer.worker_info(worker.address)[1] == \
         requested["available_block"]
     stake = observer.stake_of(worker.address)
     _wait_for(lambda: observer.block_number() >= requested["available_block"], 30, "cooldown")
     balance = observer.balance_of(worker.address)
-    assert httpx.post(f"{api}/admin/withdraw", headers=admin).json() == {"withdrawn_wei": stake}
+    assert HTTP.post(f"{api}/admin/withdraw", headers=admin).json() == {"withdrawn_wei": stake}
     assert observer.stake_of(worker.address) == 0
     assert balance < observer.balance_of(worker.address) <= balance + stake
-    assert httpx.post(f"{api}/admin/stop", headers=admin).json() == {"stopping": True}
+    assert HTTP.post(f"{api}/admin/stop", headers=admin).json() == {"stopping": True}
     assert worker.process.wait(30) == 0
