@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POO
 CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
 PRIORITY_FEE = 10**9
 REVERT_SELECTOR = bytes.fromhex("08c379a0")
+FILTER_TTL = 300.0
 
 
 class RpcError(Exception):
@@ -438,18 +440,26 @@ class Rpc:
         if criteria.get("fromBlock") in (None, "latest", "pending"):
             first = self.node.head().block_number + 1  # only logs of blocks still to come
         fid = q(next(self.filter_ids))
-        self.filters[fid] = {"kind": "logs", "criteria": criteria, "next": first}
+        self._install(fid, {"kind": "logs", "criteria": criteria, "next": first})
         return fid
+
+    def _install(self, fid: str, spec: dict) -> None:
+        """Add a filter; filters nobody polled for FILTER_TTL seconds are dropped (as geth)."""
+        now = time.monotonic()
+        for stale in [k for k, f in self.filters.items() if now - f["polled"] > FILTER_TTL]:
+            del self.filters[stale]
+        self.filters[fid] = {**spec, "polled": now}
 
     def rpc_eth__newBlockFilter(self):
         fid = q(next(self.filter_ids))
-        self.filters[fid] = {"kind": "blocks", "next": self.node.head().block_number + 1}
+        self._install(fid, {"kind": "blocks", "next": self.node.head().block_number + 1})
         return fid
 
     def rpc_eth__getFilterChanges(self, fid):
         f = self.filters.get(fid)
         if f is None:
             raise RpcError(-32000, f"filter {fid} not found")
+        f["polled"] = time.monotonic()
         head = self.node.head().block_number
         first, f["next"] = f["next"], head + 1
         if f["kind"] == "blocks":
