@@ -10,9 +10,10 @@ import needle as ndl
 from needle.parallel import launch_command, nccl_available, plan_buckets
 
 STEPS = 3
-TWO_GPUS = pytest.mark.skipif(
-    not (ndl.cuda().enabled() and ndl.cuda().device_count() >= 2 and nccl_available()),
-    reason="needs 2 CUDA GPUs and CuPy with NCCL",
+HAS_TWO_GPUS = ndl.cuda().enabled() and ndl.cuda().device_count() >= 2
+TWO_GPUS = pytest.mark.skipif(not HAS_TWO_GPUS, reason="needs 2 CUDA GPUs")
+TWO_GPUS_NCCL = pytest.mark.skipif(
+    not (HAS_TWO_GPUS and nccl_available()), reason="needs 2 CUDA GPUs and CuPy with NCCL"
 )
 
 
@@ -23,7 +24,7 @@ TWO_GPUS = pytest.mark.skipif(
         (8, 4.0, "local", "cpu"),  # one bucket, even shards
         (7, 1e-6, "local", "cpu"),  # a bucket per parameter, shards of 4 and 3 rows
         (8, 0.001, "offload", "cpu"),  # 2 buckets; matmuls through needle.remote's offload
-        pytest.param(7, 1e-6, "local", "cuda", marks=TWO_GPUS),  # NCCL, buckets on GPU
+        pytest.param(7, 1e-6, "local", "cuda", marks=TWO_GPUS_NCCL),  # NCCL, buckets on GPU
         pytest.param(7, 1e-6, "local", "cuda-mpi", marks=TWO_GPUS),  # staged through host
     ],
     ids=[
