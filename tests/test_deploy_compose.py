@@ -129,11 +129,15 @@ def test_every_variable_is_documented_with_its_default():
 
 def test_every_service_runs_a_valid_needle_net_command(compose):
     assert set(compose["services"]) == set(EXPECTED)
+    helped = set()
     for name, service in compose["services"].items():
         args = service_args(service)
         assert args[0] == "needle-net", name
-        path, params = dry_run(args[1:])
+        path, _ = dry_run(args[1:])
         assert path == EXPECTED[name], name
+        if path in helped:  # the installed program too, once per command
+            continue
+        helped.add(path)
         shown = subprocess.run([NEEDLE_NET, *args[1:], "--help"], capture_output=True,
                                text=True, timeout=60)
         assert shown.returncode == 0, f"{name}: {shown.stdout}{shown.stderr}"
