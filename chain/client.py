@@ -121,4 +121,3 @@ JOB_FIELDS = (
     "submitter", "worker", "status", "aId", "bId", "cId", "batch", "m", "k", "n",
     "precision", "fee", "deadline", "commitBlock",
 )
-JOB_STATUS = {0: "None", 1: "Open", 2: "Claimed", 3: "Committed", 4: "Done", 5: "Cancelled"}

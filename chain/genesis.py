@@ -44,6 +44,3 @@ def genesis_state() -> dict:
     state[MARKET_ADDRESS] = {**empty, "balance": 0, "code": compiled_market()["runtime"]}
     return state
 
-
-def genesis_supply() -> int:
-    return sum(account["balance"] for account in genesis_state().values())
