@@ -198,6 +198,28 @@ void for_each_run(const std::vector<int64_t>& shape, const std::vector<int64_t>&
   for_each_block(axes, offset, 1, [&](int64_t i, int64_t j) { visit(i, j, length, stride); });
 }
 
+#if defined(__AVX2__)
+// dst[i][j] = src[j][i] for an 8 x 8 block (row strides ld_dst and ld_src), in registers.
+inline void transpose_8x8(scalar_t* dst, int64_t ld_dst, const scalar_t* src, int64_t ld_src) {
+  __m256 row[8], pair[8];
+  for (int i = 0; i < 8; ++i) row[i] = _mm256_loadu_ps(src + i * ld_src);
+  for (int i = 0; i < 8; i += 2) {  // interleave neighbouring rows
+    pair[i] = _mm256_unpacklo_ps(row[i], row[i + 1]);
+    pair[i + 1] = _mm256_unpackhi_ps(row[i], row[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {  // gather 4-element columns within each 128-bit lane
+    row[i] = _mm256_shuffle_ps(pair[i], pair[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    row[i + 1] = _mm256_shuffle_ps(pair[i], pair[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    row[i + 2] = _mm256_shuffle_ps(pair[i + 1], pair[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    row[i + 3] = _mm256_shuffle_ps(pair[i + 1], pair[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {  // join the lanes of rows 0-3 and 4-7
+    _mm256_storeu_ps(dst + i * ld_dst, _mm256_permute2f128_ps(row[i], row[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ld_dst, _mm256_permute2f128_ps(row[i], row[i + 4], 0x31));
+  }
+}
+#endif
+
 // dst (rows x cols, compact) = the matrix whose (r, c) element is src[r + c * stride]: a
 // transpose, copied in square tiles so that both sides stay in cache.
 void transpose(scalar_t* dst, const scalar_t* src, int64_t rows, int64_t cols, int64_t stride) {
@@ -205,6 +227,16 @@ void transpose(scalar_t* dst, const scalar_t* src, int64_t rows, int64_t cols, i
   for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
     for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
       const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+#if defined(__AVX2__)
+      if (r1 - r0 == kTile && c1 - c0 == kTile) {
+        for (int64_t r = r0; r < r1; r += 8) {
+          for (int64_t c = c0; c < c1; c += 8) {
+            transpose_8x8(dst + r * cols + c, cols, src + r + c * stride, stride);
+          }
+        }
+        continue;
+      }
+#endif
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) dst[r * cols + c] = src[r + c * stride];
       }

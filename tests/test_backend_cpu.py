@@ -137,6 +137,7 @@ def test_setitem_from_its_own_buffer():
         ((5, 33, 17), (0, 2, 1)),  # a batch of transposes
         ((4, 5, 6, 7), (0, 3, 1, 2)),  # NHWC -> NCHW: the spatial axes merge
         ((4, 5, 6, 7), (0, 2, 3, 1)),  # NCHW -> NHWC
+        ((3, 20, 20, 32), (0, 3, 1, 2)),  # a batch of 32 x 400 transposes in whole tiles
         ((6, 7, 8), (2, 1, 0)),
     ],
 )
