@@ -738,6 +738,7 @@ struct Config {
 };
 using Tile = Config<128, 128, 32, 3, 64, 64>;  // the best of five tiles measured on an H100
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void cp_async16(float* smem, const float* gmem, bool valid) {
   unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
@@ -782,10 +783,15 @@ __device__ __forceinline__ void load_tile(float* smem, int ld_smem, const float*
   }
 }
 
+#endif  // sm_80+
+
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(T::kThreads)
     tf32_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
                 int M, int N, int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // TF32 tensor cores and cp.async need sm_80; launch() refuses older devices
+#else
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, STAGES = T::STAGES, WM = T::WM, WN = T::WN;
   extern __shared__ __align__(128) float smem[];
   float* As = smem;
@@ -868,6 +874,7 @@ __global__ void __launch_bounds__(T::kThreads)
         if (col + j < N) dst[j] = v[j];
     }
   }
+#endif
 }
 
 template <bool VEC>
@@ -885,6 +892,13 @@ void launch_variant(const float* A, const float* B, float* C, int M, int N, int 
 }
 
 void launch(const float* A, const float* B, float* C, int M, int N, int K) {
+  static int major = 0;
+  if (major == 0) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  }
+  if (major < 8) throw std::runtime_error("matmul_tf32 needs a GPU of compute capability 8.0+");
   if (K % 4 == 0 && N % 4 == 0) {
     launch_variant<true>(A, B, C, M, N, K);
   } else {
