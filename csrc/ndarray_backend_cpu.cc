@@ -292,7 +292,11 @@ void ewise_setitem(const AlignedArray& a, AlignedArray& out, std::vector<int64_t
   }
   scalar_t* dst = out.ptr();
   for_each_run(shape, strides, offset, [&](int64_t i, int64_t j, int64_t length, int64_t stride) {
-    for (int64_t k = 0; k < length; ++k) dst[j + k * stride] = src[i + k];
+    if (stride == 1) {
+      std::memcpy(dst + j, src + i, length * sizeof(scalar_t));
+    } else {
+      for (int64_t k = 0; k < length; ++k) dst[j + k * stride] = src[i + k];
+    }
   });
 }
 
@@ -305,7 +309,11 @@ void scalar_setitem(int64_t size, scalar_t val, AlignedArray& out, std::vector<i
   }
   scalar_t* dst = out.ptr();
   for_each_run(shape, strides, offset, [&](int64_t, int64_t j, int64_t length, int64_t stride) {
-    for (int64_t k = 0; k < length; ++k) dst[j + k * stride] = val;
+    if (stride == 1) {
+      std::fill(dst + j, dst + j + length, val);
+    } else {
+      for (int64_t k = 0; k < length; ++k) dst[j + k * stride] = val;
+    }
   });
 }
 
