@@ -246,6 +246,15 @@ def test_nan_propagation_matches_numpy():
     np.testing.assert_array_equal(flat(red), y.reshape(2, 2).max(axis=1))
 
 
+def test_unary_ops_outside_their_domain_match_numpy():
+    x = np.array([-1.0, 0.0, 4.0, np.nan, np.inf], dtype=np.float32)
+    out = cpu.Array(x.size)
+    with np.errstate(all="ignore"):
+        for name, reference in UNARY.items():
+            getattr(cpu, f"ewise_{name}")(to_array(x), out)
+            np.testing.assert_allclose(flat(out), reference(x), rtol=2e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("op", ["ewise_add", "ewise_eq", "ewise_pow"])
 def test_binary_size_mismatch_raises(op):
     with pytest.raises(ValueError, match="elements"):
