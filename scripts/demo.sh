@@ -10,4 +10,4 @@ fi
 "$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10,<2" "pybind11>=2.12,<4" cmake ninja
 echo "== building and installing needle-net (C++ backends compile here)"
 "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test]"
-exec "$VENV/bin/python" -m needle.demo "$@"
+exec "$VENV/bin/needle-net" demo "$@"
