@@ -3,7 +3,7 @@
     .venv/bin/python bench/matmul_cpu.py [--sizes 256 512 1024 2048] [--repeats 7]
 
 Each repeat times the three contenders back to back (backend module called directly on
-`Array`s, `NDArray @ NDArray`, numpy's `@`) for about --min-time seconds each, pausing
+`Array`s, `ndl.NDArray @ ndl.NDArray`, numpy's `@`) for about --min-time seconds each, pausing
 between them so that the idle-spinning worker threads of one library (OpenBLAS, OpenMP) do
 not steal a core from the next. Prints best and median GFLOP/s and needle/numpy ratios.
 """
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from needle.backend_ndarray import NDArray, cpu
+import needle as ndl
 from needle.backend_ndarray import ndarray_backend_cpu as backend
 
 SPIN_DOWN_SECONDS = 0.3
@@ -49,7 +49,7 @@ def bench_size(n: int, repeats: int, min_time: float, rng: np.random.Generator) 
     a, b, out = backend.Array(n * n), backend.Array(n * n), backend.Array(n * n)
     backend.from_numpy(x, a)
     backend.from_numpy(y, b)
-    xa, ya = NDArray(x, device=cpu()), NDArray(y, device=cpu())
+    xa, ya = ndl.NDArray(x, device=ndl.cpu()), ndl.NDArray(y, device=ndl.cpu())
 
     backend.matmul(a, b, out, n, n, n)
     check(backend.to_numpy(out, (n, n), (n, 1), 0), x, y, f"module n={n}")
