@@ -102,6 +102,7 @@ class Market:
 
     def close(self) -> None:
         self._http.close()
+        self.client.close()
 
     # -- transactions and views --------------------------------------------------------
 
@@ -151,6 +152,12 @@ class Market:
                 found.pop(args["jobId"], None)
                 found[args["jobId"]] = None
         return found
+
+    def claimed_by(self, worker: str) -> set[int]:
+        """Ids of every job `worker` ever claimed."""
+        events = self.contract.events.JobClaimed.get_logs(argument_filters={"worker": worker},
+                                                          from_block=0)
+        return {int(e["args"]["jobId"]) for e in events}
 
     def logs(self, from_block: int, to_block: int) -> list:
         """Every market event in [from_block, to_block], decoded, in chain order."""

@@ -76,6 +76,7 @@ class JobRecord:
 
 
 ACCOUNT_REFRESH_SECONDS = 1.0
+API_SHUTDOWN_SECONDS = 10.0
 FINISHED = ("verified", "failed", "lost", "error", "expired")
 
 
@@ -227,7 +228,15 @@ class Worker:
         self.metrics.stake.set(stake)
 
     def _resume(self) -> None:
-        """Pick up jobs a previous run claimed or committed but did not finish."""
+        """Pick up jobs a previous run claimed or committed but did not finish, including a
+        claim mined just before a crash that the state file never recorded."""
+        known = {r.job_id for r in self.jobs if r.stage not in FINISHED}
+        for job_id in self.chain.claimed_by(self.address) - known:
+            job = self.chain.job(job_id)
+            if job.worker == self.address and job.status in (JOB_CLAIMED, JOB_COMMITTED):
+                with self._lock:
+                    self.jobs.append(JobRecord(job_id, job.batch, job.m, job.k, job.n,
+                                               job.fee_wei, "claimed"))
         for record in list(self.jobs):
             if record.stage in FINISHED:
                 continue
@@ -381,8 +390,10 @@ class Worker:
             app, host=self.config.api_host, port=self.config.api_port, log_level="warning"
         )
         self._api_server = uvicorn.Server(config)
-        threading.Thread(target=self._api_server.run, name="api", daemon=True).start()
+        self._api_thread = threading.Thread(target=self._api_server.run, name="api", daemon=True)
+        self._api_thread.start()
 
     def _stop_api(self) -> None:
         if self._api_server is not None:
-            self._api_server.should_exit = True
+            self._api_server.should_exit = True  # uvicorn finishes responses in progress first
+            self._api_thread.join(API_SHUTDOWN_SECONDS)

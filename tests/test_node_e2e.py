@@ -261,6 +261,24 @@ def test_cli_submit_jobs_and_balance(net, observer, tmp_path):
     stake = observer.stake_of(honest.address)
     assert shown.returncode == 0 and f"stake   {stake / 10**18:.6f} ETH" in shown.stdout
 
+    # Stake and withdraw with a worker's encrypted keystore (worker 2 is stopped by now).
+    key = ("--keystore", str(net.worker_dir(2) / "key.json"), "--password-file",
+           str(net.password_file))
+    address = net.worker_account(2).address
+    stake = observer.stake_of(address)
+    topped = cli("stake", "0.5", *key)
+    assert topped.returncode == 0, topped.stdout + topped.stderr
+    assert observer.stake_of(address) == stake + 10**18 // 2
+    requested = cli("withdraw", *key)
+    assert requested.returncode == 0 and "withdrawal requested" in requested.stdout
+    available = observer.worker_info(address)[1]
+    _wait_for(lambda: observer.block_number() >= available, 30, "the withdrawal cooldown")
+    balance = observer.balance_of(address)
+    withdrawn = cli("withdraw", *key)
+    assert withdrawn.returncode == 0 and f"withdrew {(stake + 10**18 // 2) / 10**18:g} ETH" \
+        in withdrawn.stdout
+    assert observer.stake_of(address) == 0 and observer.balance_of(address) > balance
+
 
 def test_worker_api_metrics_and_admin_actions(net, observer):
     worker = next(w for w in net.workers if w.index == 1)
