@@ -6,7 +6,8 @@ from types import ModuleType
 
 import numpy as np
 
-BLOCK_ELEMENTS = 1 << 17  # row block kept in cache between its signed and absolute products
+BLOCK_BYTES = 1 << 19  # a row block in the evaluation dtype, kept in cache while it is used
+NARROW = 2  # up to this many columns of W, one matrix-vector product each beats a skinny gemm
 
 
 def module_of(*arrays) -> ModuleType:
@@ -33,9 +34,9 @@ def products(xp: ModuleType, M, W, v, dtype):
     """(M @ W, |M| @ v) evaluated in dtype, reading M once; v may be None. M may carry
     leading batch dimensions (then W and v may too).
 
-    On the host M is taken in row blocks small enough to stay in cache, so the absolute
-    value and any conversion to dtype never make a full-size copy of M. On a GPU a fused
-    kernel does the same for float32 M (float checks, dtype float64).
+    On the host M is taken in row blocks of BLOCK_BYTES in dtype, small enough to stay in
+    cache, so M is read from memory once and the absolute value and any conversion to dtype
+    never make a full-size copy of it. On a GPU a fused kernel does the same.
     """
     if M.ndim > 2:  # a stack of small matrices: whole-array operations beat a Python loop
         Mx = M.astype(dtype, copy=False)
@@ -48,17 +49,24 @@ def products(xp: ModuleType, M, W, v, dtype):
         signed, absolute = signed_and_abs(M, W, xp.zeros(M.shape[1]) if v is None else v)
         return signed, (None if v is None else absolute)
     rows, cols = M.shape
-    signed = np.empty((rows, W.shape[1]), dtype)
+    narrow = W.shape[1] <= NARROW
+    signed = np.empty((W.shape[1], rows) if narrow else (rows, W.shape[1]), dtype)
+    columns = np.ascontiguousarray(W.T) if narrow else None
     absolute = None if v is None else np.empty(rows, dtype)
-    step = max(1, BLOCK_ELEMENTS // cols)
+    step = max(1, BLOCK_BYTES // (cols * np.dtype(dtype).itemsize))
     buf = np.empty((min(step, rows), cols), dtype)
     for i in range(0, rows, step):
-        blk, out = M[i : i + step], buf[: min(step, rows - i)]
+        end = min(i + step, rows)
+        blk, out = M[i:end], buf[: end - i]
         if blk.dtype != dtype:
             np.copyto(out, blk, casting="unsafe")  # callers keep values exact in dtype
             blk = out
-        np.matmul(blk, W, out=signed[i : i + step])
+        if narrow:
+            for q, column in enumerate(columns):
+                np.matmul(blk, column, out=signed[q, i:end])
+        else:
+            np.matmul(blk, W, out=signed[i:end])
         if v is not None:
             np.abs(blk, out=out)
-            np.matmul(out, v, out=absolute[i : i + step])
-    return signed, absolute
+            np.matmul(out, v, out=absolute[i:end])
+    return (signed.T if narrow else signed), absolute
