@@ -1,6 +1,8 @@
 """The needle-net VM: py-evm's Prague rules plus the Freivalds precompile and PoUW rewards."""
 from __future__ import annotations
 
+import eth.db.chain
+import eth.vm.base
 from eth.abc import BlockAPI
 from eth.chains.base import Chain
 from eth.vm.forks.prague import PragueVM
@@ -12,6 +14,12 @@ from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
 from chain.precompile import make_freivalds_precompile
+from chain.tries import trie_root_and_nodes
+
+# py-evm looks its block-trie builder up as a module global when it builds, validates and
+# persists blocks; the one-pass builder gives the same roots (tests/test_chain_tries.py).
+eth.vm.base.make_trie_root_and_nodes = trie_root_and_nodes
+eth.db.chain.make_trie_root_and_nodes = trie_root_and_nodes
 
 
 class PoUWVMBase(PragueVM):
