@@ -9,8 +9,11 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
-RUN apt-get update \
- && apt-get install -y --no-install-recommends g++ make cmake ninja-build \
+# python:3.11-slim ships Python's headers; a plain Debian base needs python3-dev for them.
+RUN headers=$(python3 -c "import os, sysconfig; \
+print('' if os.path.exists(sysconfig.get_paths()['include'] + '/Python.h') else 'python3-dev')") \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends g++ make cmake ninja-build $headers \
  && rm -rf /var/lib/apt/lists/*
 ARG PIP_NO_INDEX=0
 ENV PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \

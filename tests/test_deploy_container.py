@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tarfile
 import time
-import tomllib
 from pathlib import Path
 
 import httpx
@@ -69,6 +68,8 @@ def _tools() -> None:
 
 def _wheelhouse() -> Path:
     """Wheels of every dependency (and the build backend), made on the host once."""
+    import tomllib  # Python >= 3.11
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     requirements = sorted(project["project"]["dependencies"]
                           + project["build-system"]["requires"])
@@ -115,7 +116,8 @@ class Dockerd:
         for _ in range(120):
             if self.process.poll() is not None:
                 raise AssertionError((self.run_dir / "dockerd.log").read_text()[-3000:])
-            if subprocess.run(["docker", "info"], capture_output=True, env=self.env).returncode == 0:
+            info = subprocess.run(["docker", "info"], capture_output=True, env=self.env)
+            if info.returncode == 0:
                 return
             time.sleep(0.5)
         raise AssertionError("dockerd did not answer within 60 s")
@@ -191,7 +193,7 @@ def test_image_builds_and_compose_runs_a_verified_job(tmp_path_factory):
                                          ).stdout.decode():
             engine.docker("import", str(base), BASE_TAG)
         mark = time.perf_counter()
-        _run(*compose, "build", "chain", env=env)
+        _run(*compose, "build", "--force-rm", "chain", env=env)
         timings["image build"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
