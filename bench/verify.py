@@ -1,16 +1,23 @@
 """Cost of a Freivalds check against the matmul it checks, measured in the same run.
 
     python bench/verify.py                       # CPU (numpy), n = 512 .. 4096
+    OPENBLAS_NUM_THREADS=1 python bench/verify.py --clock cpu   # on a shared, loaded machine
     python bench/verify.py --gpu --sizes 1024 2048 4096 8192   # CuPy / cuBLAS
     python bench/verify.py --tables              # false-accept rates and bound tightness
 
 Exact mode runs with 1 round (false accept <= 1/p < 2^-60 <= 2^-40); float mode with the
 default rounds and with 1. The reference is the float32 product (numpy sgemm / cuBLAS);
 for exact mode numpy's integer matmul is also timed where it finishes in reasonable time.
+The "read floor" row is one matrix-vector product over each of A, B and C: the memory
+traffic that any check reading every operand once must pay.
+
+--clock cpu measures the process's CPU seconds (all threads) instead of wall time: on a
+machine shared with other work, wall time mostly measures the scheduler.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 
@@ -23,26 +30,33 @@ from verifier.rng import sign_vectors
 SEED = b"bench" * 7
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def best_time(fn, repeats: int, sync=lambda: None) -> float:
     best = float("inf")
     for _ in range(repeats):
         sync()
-        start = time.perf_counter()
+        start = clock()
         fn()
         sync()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
-def timing_rows(n: int, xp, sync, int_matmul_limit: int) -> list[tuple[str, float, float]]:
+def timing_rows(n: int, xp, sync, int_matmul_limit: int,
+                repeats: int) -> list[tuple[str, float, float]]:
     """(what, seconds, reference seconds) for one size."""
     rng = np.random.default_rng(n)
     A = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
     B = xp.asarray(rng.standard_normal((n, n), dtype=np.float32))
-    repeats = 3 if n <= 2048 or xp is not np else 2
     C = A @ B
-    sgemm = best_time(lambda: A @ B, repeats, sync)
+    sgemm = best_time(lambda: A @ B, max(2, repeats // 2), sync)
     rows = [("float32 matmul (reference)", sgemm, sgemm)]
+    ones = xp.ones(n, np.float32)
+    floor = sum(best_time(lambda M=M: M @ ones, repeats, sync) for M in (A, B, C))
+    rows.append(("read floor: A, B, C once (3 gemv)", floor, sgemm))
     for rounds in (DEFAULT_ROUNDS["fp32"], 1):
         assert verify(A, B, C, rounds=rounds, seed=SEED).passed
         seconds = best_time(lambda r=rounds, C=C: verify(A, B, C, rounds=r, seed=SEED), repeats,
@@ -60,7 +74,7 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int) -> list[tuple[str, floa
     return rows
 
 
-def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int) -> None:
+def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int, repeats: int) -> None:
     if gpu:
         import cupy as xp
 
@@ -72,10 +86,13 @@ def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int) -> None:
 
         def sync():
             pass
-    print(f"device: {device}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"device: {device}; numpy {np.__version__}; {os.cpu_count()} CPUs, load average "
+          f"{load}; OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}; "
+          f"{clock.__name__}, best of {repeats}")
     print(f"{'n':>6}  {'what':38} {'seconds':>10} {'ref s':>10} {'ratio':>8}")
     for n in sizes:
-        for what, seconds, reference in timing_rows(n, xp, sync, int_matmul_limit):
+        for what, seconds, reference in timing_rows(n, xp, sync, int_matmul_limit, repeats):
             print(f"{n:>6}  {what:38} {seconds:10.5f} {reference:10.5f} "
                   f"{100 * seconds / reference:7.2f}%")
 
@@ -151,13 +168,18 @@ def main() -> None:
     parser.add_argument("--tables", action="store_true",
                         help="false-accept rates and bound tightness instead of timings")
     parser.add_argument("--trials", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=7, help="best of this many runs")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or the process's CPU seconds (shared machines)")
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     if args.tables:
         false_accept_table(args.trials)
         print()
         tightness_table()
     else:
-        run_timings(args.sizes, args.gpu, args.int_matmul_limit)
+        run_timings(args.sizes, args.gpu, args.int_matmul_limit, args.repeats)
 
 
 if __name__ == "__main__":

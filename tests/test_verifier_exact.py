@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from verifier import P, verify, verify_many
-from verifier.exact import matmul_mod_p
+from verifier.exact import limb_width, matmul_mod_p
 
 SEEDS = [bytes([i]) * 32 for i in range(5)]
 INPUT_TYPES = [np.int8, np.int16, np.int32, np.uint8, np.uint16]
@@ -47,6 +47,21 @@ def test_matmul_mod_p_at_the_worst_case_magnitudes(inner):
             M = np.full((3, inner), value, dtype=dtype)
             bound = max(-int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
             assert np.array_equal(matmul_mod_p(np, M, V, bound), reference_mod_p(M, V))
+
+
+@pytest.mark.parametrize("limit", [1 << 53, 1 << 62])
+def test_limb_width_is_the_widest_that_stays_within_the_limit(limit):
+    """inner * bound * (2^w - 1) <= limit < inner * bound * (2^(w+1) - 1), checked with
+    Python integers, powers of two (where bit lengths waste a bit) included."""
+    for bound in (1, 127, 128, 255, 1 << 15, (1 << 31) - 1, 1 << 31, (1 << 32) - 1):
+        for inner in (1, 3, 4096, 4097, 1 << 20, 1 << 28):
+            width = limb_width(bound, inner, limit)
+            if inner * bound > limit:
+                continue
+            assert inner * bound * ((1 << width) - 1) <= limit
+            assert inner * bound * ((1 << (width + 1)) - 1) > limit
+    assert limb_width(128, 4096, 1 << 53) == 34  # int8 operands, k = 4096: 2 limbs
+    assert limb_width(1 << 31, 4096, 1 << 53) == 10  # int32 C: 7 limbs (bit lengths: 8)
 
 
 def honest(A, B):

@@ -1,9 +1,9 @@
 """Exact mode: C = A B over the integers, checked by Freivalds modulo p = 2^61 - 1.
 
 Matrix entries stay as they are; the vectors, uniform in Z_p, are cut into w-bit limbs with
-w chosen so that every partial sum of (matrix) x (limb) is an integer below 2^53 (float64
-BLAS, exact) or, for very large entries or inner dimensions, below 2^62 (int64): exact in
-any summation order. Limb results are reduced mod p and recombined with shifts, which mod a
+w chosen so that every partial sum of (matrix) x (limb) is an integer of magnitude at most
+2^53 (float64 BLAS, exact) or, for very large entries or inner dimensions, 2^62 (int64):
+exact in any summation order. Limb results are reduced mod p and recombined with shifts, which mod a
 Mersenne prime are 61-bit rotations.
 """
 from __future__ import annotations
@@ -50,6 +50,13 @@ def add_mod(xp: ModuleType, a, b):
     return xp.where(total >= P, total - P, total)
 
 
+def limb_width(bound: int, inner: int, limit: int) -> int:
+    """The widest w with inner * bound * (2^w - 1) <= limit: every partial sum of a matrix
+    row (|entries| <= bound) times a w-bit limb vector is then an integer of magnitude at
+    most limit (2^53: exact in float64 in any order; 2^62: no int64 overflow)."""
+    return (limit // (inner * max(bound, 1)) + 1).bit_length() - 1
+
+
 def matmul_mod_p(xp: ModuleType, M, V, bound: int):
     """(M @ V) mod p in [0, p), exactly, for an integer matrix M with |M| <= bound and
     V in [0, p) (int64)."""
@@ -59,11 +66,9 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int):
         low = matmul_mod_p(xp, M64 & (SPLIT - 1), V, SPLIT - 1)
         return add_mod(xp, rotate(xp, high, 32), low)
     inner, cols = V.shape
-    bits = bound.bit_length() + inner.bit_length()
-    if bits <= 45:  # float64 BLAS: every partial sum below 2^53, so exact in any order
-        width, dtype = 53 - bits, np.float64
-    else:  # int64 (numpy's own loops): every partial sum below 2^62
-        width, dtype = 62 - bits, np.int64
+    width, dtype = limb_width(bound, inner, 1 << 53), np.float64
+    if width < 8:  # huge entries or inner dimensions: int64 (numpy's own loops) instead
+        width, dtype = limb_width(bound, inner, 1 << 62), np.int64
     limbs = -(-61 // width)
     mask = (1 << width) - 1
     pieces = xp.concatenate([(V >> (width * i)) & mask for i in range(limbs)], axis=1)
