@@ -5,17 +5,17 @@ The scenarios share one chain and run in order (the cheater's slash in the first
 unable to claim in the later ones)."""
 
 import os
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from chain.blobs import blob_id, encode_array
 from chain.devnet import dev_account
+from node.cli import app
 from node.client import JobClient, RemoteJobError
 from node.devnet import Devnet
 from node.market import Market
@@ -30,7 +30,7 @@ HTTP = httpx.Client(timeout=60.0)  # generous: the shared 2-core machine is ofte
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    devnet = Devnet(tmp_path_factory.mktemp("devnet"), block_time=0.2)
+    devnet = Devnet(tmp_path_factory.mktemp("devnet"), block_time=0.5)
     try:
         devnet.start_chain()
         # Keys exist before any snapshot so every party is in the conservation sums.
@@ -237,29 +237,27 @@ def test_cli_submit_jobs_and_balance(net, observer, tmp_path):
     np.save(tmp_path / "b.npy", b)
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "node", *args, "--rpc-url", net.rpc_url],
-                              capture_output=True, text=True, timeout=120, env={
-                                  **os.environ, "COLUMNS": "200"})
+        return CliRunner().invoke(app, [*args, "--rpc-url", net.rpc_url], terminal_width=200)
 
     before = observer.job_count()
     done = cli("submit", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "-o",
                str(tmp_path / "c.npy"))
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.exit_code == 0, done.output
     np.testing.assert_allclose(np.load(tmp_path / "c.npy"), a.astype(np.float64) @ b,
                                rtol=1e-4, atol=1e-4)
     assert observer.job_count() == before + 1
     listing = cli("jobs", "--limit", "2")
-    assert listing.returncode == 0 and "done" in listing.stdout
-    assert f"\n│ {before} " in listing.stdout
+    assert listing.exit_code == 0 and "done" in listing.output
+    assert f"\n│ {before} " in listing.output
     np.save(tmp_path / "bad.npy", np.ones((3, 3), np.float32))
     refused = cli("submit", str(tmp_path / "a.npy"), str(tmp_path / "bad.npy"), "-o",
                   str(tmp_path / "x.npy"))
-    assert refused.returncode == 1 and "shape mismatch" in refused.stdout
+    assert refused.exit_code == 1 and "shape mismatch" in refused.output
     assert observer.job_count() == before + 1
     honest = next(w for w in net.workers if w.index == 1)
     shown = cli("balance", honest.address)
     stake = observer.stake_of(honest.address)
-    assert shown.returncode == 0 and f"stake   {stake / 10**18:.6f} ETH" in shown.stdout
+    assert shown.exit_code == 0 and f"stake   {stake / 10**18:.6f} ETH" in shown.output
 
     # Stake and withdraw with a worker's encrypted keystore (worker 2 is stopped by now).
     key = ("--keystore", str(net.worker_dir(2) / "key.json"), "--password-file",
@@ -267,16 +265,16 @@ def test_cli_submit_jobs_and_balance(net, observer, tmp_path):
     address = net.worker_account(2).address
     stake = observer.stake_of(address)
     topped = cli("stake", "0.5", *key)
-    assert topped.returncode == 0, topped.stdout + topped.stderr
+    assert topped.exit_code == 0, topped.output
     assert observer.stake_of(address) == stake + 10**18 // 2
     requested = cli("withdraw", *key)
-    assert requested.returncode == 0 and "withdrawal requested" in requested.stdout
+    assert requested.exit_code == 0 and "withdrawal requested" in requested.output
     available = observer.worker_info(address)[1]
     _wait_for(lambda: observer.block_number() >= available, 30, "the withdrawal cooldown")
     balance = observer.balance_of(address)
     withdrawn = cli("withdraw", *key)
-    assert withdrawn.returncode == 0 and f"withdrew {(stake + 10**18 // 2) / 10**18:g} ETH" \
-        in withdrawn.stdout
+    assert withdrawn.exit_code == 0 and f"withdrew {(stake + 10**18 // 2) / 10**18:g} ETH" \
+        in withdrawn.output
     assert observer.stake_of(address) == 0 and observer.balance_of(address) > balance
 
 
