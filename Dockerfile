@@ -21,13 +21,19 @@ ENV PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
 COPY deploy/wheels /wheels
 RUN python3 -m venv /opt/needle-net \
  && /opt/needle-net/bin/pip install "scikit-build-core>=0.10,<2" "pybind11>=2.12,<4"
-COPY pyproject.toml CMakeLists.txt README.md /src/
+# Dependencies in their own layer: rebuilt when pyproject.toml changes, not with every source.
+COPY pyproject.toml /src/
+RUN /opt/needle-net/bin/python -c "import tomllib; \
+print('\n'.join(tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']))" \
+    > /tmp/requirements.txt \
+ && /opt/needle-net/bin/pip install -r /tmp/requirements.txt
+COPY CMakeLists.txt README.md /src/
 COPY csrc /src/csrc
 COPY needle /src/needle
 COPY verifier /src/verifier
 COPY chain /src/chain
 COPY node /src/node
-RUN /opt/needle-net/bin/pip install --no-build-isolation /src
+RUN /opt/needle-net/bin/pip install --no-build-isolation --no-deps /src
 
 FROM ${BASE_IMAGE}
 RUN apt-get update \

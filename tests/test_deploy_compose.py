@@ -236,6 +236,7 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_compose_commands_run_a_network_without_containers(compose, tmp_path):
     services = compose["services"]

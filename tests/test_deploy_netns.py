@@ -121,6 +121,7 @@ def _can_make_namespaces() -> str | None:
     return None if made.returncode == 0 else f"ip netns add failed: {made.stderr.strip()}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_jobs_verify_across_hosts_and_a_cut_worker_is_replaced(tmp_path):
     reason = _can_make_namespaces()
