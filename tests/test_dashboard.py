@@ -81,7 +81,7 @@ def _wait_for_rows(page, expected, timeout=30):
 
 
 def test_dashboard_lists_jobs_and_updates_live(tmp_path):
-    with Devnet(tmp_path / "devnet", block_time=0.2) as net:
+    with Devnet(tmp_path / "devnet", block_time=0.5) as net:
         net.start_chain()
         worker = net.start_worker()
         client = JobClient(net.rpc_url, dev_account(4), fee_wei=FEE)

@@ -16,7 +16,7 @@ STEPS = 10
 
 def test_offloaded_training_matches_local(tmp_path):
     local = train_digits(steps=STEPS)
-    with Devnet(tmp_path, block_time=0.2) as net:
+    with Devnet(tmp_path, block_time=0.5) as net:
         net.start(workers=1)
         network = Network(net.rpc_url, dev_account(5).key, timeout=60)
         remote = train_digits(network, steps=STEPS)
