@@ -230,6 +230,8 @@ def test_image_builds_and_compose_runs_a_verified_job(tmp_path_factory):
     finally:
         subprocess.run([*compose, "--profile", "demo", "down", "-v", "--remove-orphans",
                         "--timeout", "20"], capture_output=True, env=env, timeout=300)
+        subprocess.run(["docker", "image", "prune", "-f"], capture_output=True, env=env,
+                       timeout=300)  # superseded builds; the cache behind the tag stays
         engine.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
         timings["total"] = time.perf_counter() - started
