@@ -3,8 +3,8 @@
 Matrix entries stay as they are; the vectors, uniform in Z_p, are cut into w-bit limbs with
 w chosen so that every partial sum of (matrix) x (limb) is an integer of magnitude at most
 2^53 (float64 BLAS, exact) or, for very large entries or inner dimensions, 2^62 (int64):
-exact in any summation order. Limb results are reduced mod p and recombined with shifts, which mod a
-Mersenne prime are 61-bit rotations.
+exact in any summation order. Limb results are reduced mod p and recombined with shifts,
+which mod a Mersenne prime are 61-bit rotations.
 """
 from __future__ import annotations
 
