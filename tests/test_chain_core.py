@@ -21,6 +21,7 @@ from chain.node import Node, NodeConfig
 from chain.params import CHAIN_ID, MARKET_ADDRESS
 from chain.precompile import BAD_OPERANDS, FAIL, PASS, check_gas, verdict
 from chain.replay import replay
+from chain.rpc import Rpc, RpcError
 from chain.vm import build_chain_class
 
 RNG = np.random.default_rng(7)
@@ -270,3 +271,25 @@ def test_precompile_unverifiable_exact_operands_are_the_submitters(store):
     c = np.zeros((2, 2), np.int64)
     ids = _store_arrays(store, a, b, c)
     assert verdict(store, *ids, 1, 2, 3, 2, 0, 4, b"\3" * 32) == BAD_OPERANDS
+
+
+# --- submitJob's argument checks (the hot path packs them into few comparisons) -------------
+@pytest.mark.parametrize("dims, message", [
+    ((1, 6, 4, 3), None),
+    ((1, 2**32 - 1, 4, 3), None),
+    ((0, 6, 4, 3), "empty shape"),
+    ((1, 6, 0, 3), "empty shape"),
+    ((1, 6, 4, 2**32), "dim above 2\\*\\*32-1"),
+    ((2**33 + 1, 6, 4, 3), "dim above 2\\*\\*32-1"),
+    ((1, 2**63, 4, 3), "dim above 2\\*\\*32-1"),
+])
+def test_submit_job_shape_checks(tmp_path, dims, message):
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    call = {"from": dev_accounts(1)[0].address, "to": MARKET.address, "value": hex(10**12),
+            "data": MARKET.encode_abi("submitJob", args=[b"\1" * 32, b"\2" * 32, *dims, 1, 50])}
+    if message is None:  # the first job's id
+        assert int(Rpc(node).rpc_eth__call(call), 16) == 0
+    else:
+        with pytest.raises(RpcError, match=message):
+            Rpc(node).rpc_eth__call(call)
+    node.stop()
