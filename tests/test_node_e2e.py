@@ -131,6 +131,8 @@ def test_cheater_is_slashed_and_never_paid_honest_worker_is_paid(net, observer):
     assert observer.stake_of(cheater.address) == 10**18 - slashed
     verified = _events(observer, "JobVerified", worker=honest.address)
     assert len(verified) == 5 and all(e["args"]["fee"] == FEE for e in verified)
+    _wait_for(lambda: HTTP.get(f"{honest.api_url}/status").json()["in_flight"] == 0, 30,
+              "the honest worker to record its verdicts")
     status = HTTP.get(f"{honest.api_url}/status").json()
     assert status["completed"] == 5 and status["earned_wei"] == 5 * FEE
     assert HTTP.get(f"{cheater.api_url}/status").json()["failed"] == 1
@@ -278,18 +280,39 @@ def test_cli_submit_jobs_and_balance(net, observer, tmp_path):
     assert observer.stake_of(address) == 0 and observer.balance_of(address) > balance
 
 
+def test_worker_rides_out_a_chain_restart(net, observer):
+    worker = next(w for w in net.workers if w.index == 1)
+    assert net.chain.poll() is None
+    net.chain.terminate()
+    net.chain.wait(30)
+    time.sleep(2)  # the worker's polls fail meanwhile (connection refused) and are retried
+    net.start_chain()  # same data dir and port: the chain resumes from its last block
+    client = JobClient(net.rpc_url, dev_account(8), fee_wei=FEE, timeout=120)
+    a, b = _operands(31, (5, 7), (7, 6))
+    np.testing.assert_allclose(client.matmul(a, b), a.astype(np.float64) @ b, rtol=1e-4,
+                               atol=1e-4)
+    client.close()
+    assert worker.process.poll() is None
+    errors = [line for line in HTTP.get(f"{worker.api_url}/metrics").text.splitlines()
+              if line.startswith("needle_chain_errors_total ")]
+    assert float(errors[0].split()[1]) > 0
+
+
 def test_worker_api_metrics_and_admin_actions(net, observer):
     worker = next(w for w in net.workers if w.index == 1)
     api = worker.api_url
     assert HTTP.get(f"{api}/health").json() == {"ok": True}
+    # The client has its result once the job is verified on chain; the worker records the
+    # verdict a moment later.
+    _wait_for(lambda: HTTP.get(f"{api}/status").json()["in_flight"] == 0, 30, "worker idle")
     status = HTTP.get(f"{api}/status").json()
     jobs = HTTP.get(f"{api}/jobs").json()
     verified = [j for j in jobs if j["stage"] == "verified"]
-    assert status["address"] == worker.address and status["completed"] == len(verified) == 7
+    assert status["address"] == worker.address and status["completed"] == len(verified) == 8
     assert status["stake_wei"] == observer.stake_of(worker.address)
     metrics = HTTP.get(f"{api}/metrics").text
-    assert 'needle_jobs_total{outcome="verified"} 1.0' in metrics  # the CLI job, since restart
-    since_restart = verified[:1]  # newest first
+    assert 'needle_jobs_total{outcome="verified"} 2.0' in metrics  # since its last restart
+    since_restart = verified[:2]  # newest first
     flops = sum(2.0 * j["batch"] * j["m"] * j["k"] * j["n"] for j in since_restart)
     assert f"needle_flops_total {flops}" in metrics
     assert "/admin/withdraw" in HTTP.get(f"{api}/openapi.json").json()["paths"]
