@@ -1,15 +1,7 @@
 #!/usr/bin/env bash
 # Install needle-net with its test extras into ./.venv and run the whole test suite.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-VENV=${NEEDLE_VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10,<2" "pybind11>=2.12,<4" cmake ninja
-echo "== building and installing needle-net (C++ backends compile here)"
-"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test]"
+source "$(dirname "$0")/install.sh"
 # The dashboard test drives Debian's headless Chromium; install it where we may (root with apt).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "== installing chromium for the dashboard test"
