@@ -2,15 +2,12 @@
 
 import numpy as np
 import pytest
+from helpers import tensor
 
 import needle as ndl
 from needle import autograd, ops
 
 RNG = np.random.default_rng(2)
-
-
-def tensor(x, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(x, dtype=np.float32), device=device, requires_grad=requires_grad)
 
 
 def test_topo_sort_puts_inputs_first_and_visits_each_node_once(device):

@@ -1,28 +1,9 @@
 """Conv and pooling layers against direct numpy loops and finite differences."""
 import numpy as np
 import pytest
+from helpers import numeric_grad, tensor
 
-import needle as ndl
 from needle import nn
-
-
-def numeric_grad(f, arrays, i, eps=1e-6):
-    """Central differences of the float64 numpy function f(*arrays) w.r.t. arrays[i]."""
-    arrays = [np.array(a, dtype=np.float64) for a in arrays]
-    grad = np.zeros_like(arrays[i])
-    for idx in np.ndindex(*arrays[i].shape):
-        old = arrays[i][idx]
-        arrays[i][idx] = old + eps
-        up = f(*arrays)
-        arrays[i][idx] = old - eps
-        down = f(*arrays)
-        arrays[i][idx] = old
-        grad[idx] = (up - down) / (2 * eps)
-    return grad
-
-
-def tensor(a, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device, requires_grad=requires_grad)
 
 
 def conv_reference(x, w, b, stride):

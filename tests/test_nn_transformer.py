@@ -1,13 +1,9 @@
 """Attention and Transformer layers against a plain numpy implementation."""
 import numpy as np
 import pytest
+from helpers import tensor
 
-import needle as ndl
 from needle import nn
-
-
-def tensor(a, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device, requires_grad=requires_grad)
 
 
 def softmax(z):

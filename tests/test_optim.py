@@ -3,13 +3,9 @@ import math
 
 import numpy as np
 import pytest
+from helpers import tensor
 
-import needle as ndl
 from needle import nn, optim
-
-
-def tensor(a, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device, requires_grad=requires_grad)
 
 
 def quadratic_problem(device):
