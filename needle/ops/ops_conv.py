@@ -42,14 +42,18 @@ def _dilated_index(shape, axes, dilation: int) -> tuple[slice, ...]:
     )
 
 
-class Dilate(TensorOp):
-    """Insert `dilation` zeros after every entry along axes (size d -> d * (dilation + 1))."""
+class _DilationOp(TensorOp):
+    """Shared by Dilate and UnDilate: the axes and the number of zeros between entries."""
 
     def __init__(self, axes, dilation: int):
         if dilation < 0:
             raise ValueError(f"dilation must be >= 0, got {dilation}")
         self.axes = axes
         self.dilation = dilation
+
+
+class Dilate(_DilationOp):
+    """Insert `dilation` zeros after every entry along axes (size d -> d * (dilation + 1))."""
 
     def compute(self, a: NDArray) -> NDArray:
         index = _dilated_index(a.shape, self.axes, self.dilation)
@@ -68,14 +72,8 @@ def dilate(a: Tensor, axes, dilation: int) -> Tensor:
     return Dilate(axes, dilation)(a)
 
 
-class UnDilate(TensorOp):
+class UnDilate(_DilationOp):
     """Keep every (dilation + 1)-th entry along axes: the inverse of dilate."""
-
-    def __init__(self, axes, dilation: int):
-        if dilation < 0:
-            raise ValueError(f"dilation must be >= 0, got {dilation}")
-        self.axes = axes
-        self.dilation = dilation
 
     def compute(self, a: NDArray) -> NDArray:
         return a[_dilated_index(a.shape, self.axes, self.dilation)]
