@@ -58,6 +58,23 @@ def _finite(loss, step: int, desc: str) -> float:
     return value
 
 
+def _step(model, inputs, loss_fn, y, optimizer, clip):
+    """model(*inputs) (logits, or (logits, state) for language models) and the loss on y; with
+    an optimizer also backward, clipping and the update, without one no graph is recorded."""
+    if optimizer is None:
+        with no_grad():
+            out = model(*inputs)
+            return out, loss_fn(out[0] if isinstance(out, tuple) else out, y)
+    optimizer.reset_grad()
+    out = model(*inputs)
+    loss = loss_fn(out[0] if isinstance(out, tuple) else out, y)
+    loss.backward()
+    if clip:
+        optim.clip_grad_norm(optimizer.params, clip)
+    optimizer.step()
+    return out, loss
+
+
 def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
               optimizer: optim.Optimizer | None = None, clip: float | None = None,
               desc: str = "", stream: TextIO | None = None) -> dict[str, float]:
@@ -68,18 +85,7 @@ def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
     total_loss, correct, seen = 0.0, 0, 0
     start = time.perf_counter()
     for step, (X, y) in enumerate(loader, 1):
-        if optimizer:
-            optimizer.reset_grad()
-            logits = model(X)
-            loss = loss_fn(logits, y)
-            loss.backward()
-            if clip:
-                optim.clip_grad_norm(optimizer.params, clip)
-            optimizer.step()
-        else:
-            with no_grad():
-                logits = model(X)
-                loss = loss_fn(logits, y)
+        logits, loss = _step(model, (X,), loss_fn, y, optimizer, clip)
         batch = y.shape[0]
         total_loss += _finite(loss, step, desc) * batch
         correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
@@ -110,18 +116,7 @@ def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
     start = time.perf_counter()
     for step, i in enumerate(starts, 1):
         X, y = data.get_batch(batches, i, bptt, device=device)
-        if optimizer:
-            optimizer.reset_grad()
-            logits, h = model(X, h)
-            loss = loss_fn(logits, y)
-            loss.backward()
-            if clip:
-                optim.clip_grad_norm(optimizer.params, clip)
-            optimizer.step()
-        else:
-            with no_grad():
-                logits, h = model(X, h)
-                loss = loss_fn(logits, y)
+        (logits, h), loss = _step(model, (X, h), loss_fn, y, optimizer, clip)
         h = tuple(t.detach() for t in h) if isinstance(h, tuple) else h.detach()
         total_loss += _finite(loss, step, desc) * y.shape[0]
         correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
