@@ -2,21 +2,24 @@
 
     python bench/parallel.py                      # CPU: 1 vs 2 processes
     python bench/parallel.py --device cuda        # 1 vs 2 GPUs (NCCL through CuPy if present)
+    python bench/parallel.py --repeats 5          # median and range of 5 interleaved rounds
 
 Each configuration is started with the MPI launcher next to this python
 (`mpiexec -n R python bench/parallel.py --worker ...`); every rank trains on
 its own batch of `--batch` synthetic images (weak scaling: 2 ranks process
 twice the images per step), and rank 0 reports images per second over the
-timed steps. The ratio is against the 1-rank run measured in the same
-invocation. On CPU each rank gets `--threads` OpenMP threads; the 1-rank run
-with all threads is reported too, since that is what a single process can
-already use.
+timed steps. The ratio is against the 1-rank run of the same round. The
+2-rank run is measured with the allreduce overlapped with backward and
+without (`DataParallel(overlap=False)`). On CPU each rank gets `--threads`
+OpenMP threads; the 1-rank run with all threads is reported too, since that
+is what a single process can already use.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -44,7 +47,10 @@ def worker(opts: argparse.Namespace) -> None:
     use_nccl = opts.device == "cuda" and nccl_available()
     comm = NcclCommunicator(host) if use_nccl else host
     np.random.seed(0)
-    model = DataParallel(ResNet9(device=device), comm, check_finite=not opts.skip_finite_check)
+    model = DataParallel(
+        ResNet9(device=device), comm, bucket_mb=opts.bucket_mb,
+        check_finite=not opts.skip_finite_check, overlap=opts.overlap == "on",
+    )
     opt = ndl.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.SoftmaxLoss()
     rng = np.random.default_rng(host.rank)
@@ -72,17 +78,19 @@ def worker(opts: argparse.Namespace) -> None:
             "ranks": host.size,
             "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
             "allreduce": "nccl" if use_nccl else "mpi",
+            "overlap": opts.overlap,
             "seconds": elapsed,
             "images_per_s": images / elapsed,
         }
         print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def run(ranks: int, threads: int, opts: argparse.Namespace) -> dict:
+def run(ranks: int, threads: int, overlap: str, opts: argparse.Namespace) -> dict:
     from needle.parallel import launch_command
 
     args = ["--worker", "--device", opts.device, "--batch", str(opts.batch)]
     args += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
+    args += ["--bucket-mb", str(opts.bucket_mb), "--overlap", overlap]
     args += ["--skip-finite-check"] if opts.skip_finite_check else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(
@@ -102,6 +110,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads per CPU rank")
+    parser.add_argument("--bucket-mb", type=float, default=4.0, help="DataParallel(bucket_mb=)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every configuration")
+    parser.add_argument("--overlap", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     parser.add_argument(
         "--skip-finite-check", action="store_true", help="DataParallel(check_finite=False)"
     )
@@ -114,23 +125,33 @@ def main() -> None:
     if opts.worker:
         worker(opts)
         return
-    configs = [(1, opts.threads), (2, opts.threads)]
+    configs = [(1, opts.threads, "on"), (2, opts.threads, "off"), (2, opts.threads, "on")]
     if not gpu:
-        configs.append((1, 2 * opts.threads))  # one process using every core the 2 ranks use
-    results = [run(ranks, threads, opts) for ranks, threads in configs]
-    base = results[0]["images_per_s"]
+        configs.append((1, 2 * opts.threads, "on"))  # one process using every core of 2 ranks
+    rounds = [[run(*config, opts) for config in configs] for _ in range(opts.repeats)]
     check = "off" if opts.skip_finite_check else "on"
     print(
         f"ResNet9, 32x32, {opts.device}, batch {opts.batch}/rank, {opts.steps} timed steps, "
-        f"finite check {check}"
+        f"bucket {opts.bucket_mb} MB, finite check {check}, {opts.repeats} rounds, "
+        f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs"
     )
-    print(f"{'ranks':>5} {'threads/rank':>12} {'allreduce':>9} {'images/s':>9} {'vs 1 rank':>9}")
-    for r in results:
-        threads = r["threads"] if not gpu else "-"
+    print(
+        f"{'ranks':>5} {'threads/rank':>12} {'allreduce':>9} {'overlap':>7} "
+        f"{'images/s median (range)':>24} {'vs 1 rank median (range)':>26}"
+    )
+    for i, (ranks, threads, overlap) in enumerate(configs):
+        speeds = [r[i]["images_per_s"] for r in rounds]
+        ratios = [r[i]["images_per_s"] / r[0]["images_per_s"] for r in rounds]
         print(
-            f"{r['ranks']:>5} {threads:>12} {r['allreduce']:>9} "
-            f"{r['images_per_s']:>9.1f} {r['images_per_s'] / base:>8.2f}x"
+            f"{ranks:>5} {threads if not gpu else '-':>12} {rounds[0][i]['allreduce']:>9} "
+            f"{overlap:>7} {_spread(speeds, '.1f'):>24} {_spread(ratios, '.2f'):>26}"
         )
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    """Median (min-max) of a list."""
+    median = statistics.median(values)
+    return f"{median:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ reverse topological order, iteratively, so deep graphs need no recursion.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -71,6 +71,7 @@ class Value:
     inputs: tuple[Value, ...]
     cached_data: object
     requires_grad: bool
+    _grad_ready_hooks: tuple[Callable[[Value], None], ...] = ()  # per leaf; see Tensor
 
     def _init(self, op, inputs, *, cached_data, requires_grad: bool) -> None:
         self.op = op
@@ -229,6 +230,17 @@ class Tensor(Value):
             raise ValueError(f"backward: out_grad shape {out_grad.shape} != {self.shape}")
         compute_gradient_of_variables(self, out_grad)
 
+    def register_grad_ready_hook(self, fn: Callable[[Tensor], None]) -> None:
+        """Call `fn(self)` during each backward() as soon as this leaf's .grad is final.
+
+        Lets a caller act on a gradient while backward is still running on the rest of
+        the graph (data parallelism starts an allreduce this way). Not called for a leaf
+        that receives no gradient in that backward.
+        """
+        if not self.is_leaf():
+            raise ValueError("grad-ready hooks can be registered on leaf tensors only")
+        self._grad_ready_hooks = (*self._grad_ready_hooks, fn)
+
     # ------------------------------------------------------------------ operators
     def __add__(self, other) -> Tensor:
         return ops.add(self, other) if isinstance(other, Tensor) else ops.add_scalar(self, other)
@@ -335,7 +347,9 @@ def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
             for grad in contributions[1:]:
                 adjoint = adjoint + grad
             if node.op is None:  # a leaf: keep its gradient (inner adjoints are freed as we go)
-                node.grad = adjoint
+                node.grad = adjoint  # final: every user of the leaf came earlier in the walk
+                for hook in node._grad_ready_hooks:
+                    hook(node)
                 continue
             if isinstance(node.op, ops.ops_tuple.TupleGetItem):
                 parts = entries.setdefault(node.inputs[0], {})

@@ -39,6 +39,10 @@ class Communicator:
         """Start summing `buf` over all ranks in place; returns a request with `.Wait()`."""
         return self.comm.Iallreduce(self._mpi.IN_PLACE, _contiguous(buf), op=self._mpi.SUM)
 
+    def progress(self, requests: list) -> None:
+        """Let MPI move started transfers along (MPICH advances them only inside MPI calls)."""
+        self._mpi.Request.Testall(requests)
+
     def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
         """Overwrite `buf` on every rank with root's copy."""
         self.comm.Bcast(_contiguous(buf), root=root)
@@ -82,10 +86,11 @@ class NcclCommunicator:
     """Allreduce of GPU buffers with NCCL through CuPy; MPI hands out the NCCL id.
 
     Gradient buckets stay on the GPU: packing and unpacking are device copies into
-    and out of needle's CUDA buffers, viewed by CuPy without copying. NCCL runs on
-    the legacy default stream, the one needle's kernels use, so no extra
-    synchronisation is needed. One GPU per rank: start each rank with its own
-    CUDA_VISIBLE_DEVICES (see `select_gpu_for_rank`).
+    and out of needle's CUDA buffers, viewed by CuPy without copying, on the legacy
+    default stream that needle's kernels use. NCCL runs on a stream of its own that
+    does not wait for that one, so a bucket's allreduce overlaps the rest of backward;
+    CUDA events order it after its packing and before the unpacking. One GPU per rank:
+    start each rank with its own CUDA_VISIBLE_DEVICES (see `select_gpu_for_rank`).
     """
 
     def __init__(self, host: Communicator | None = None):
@@ -103,6 +108,7 @@ class NcclCommunicator:
         uid = nccl.get_unique_id() if self.host.rank == 0 else None
         uid = self.host.broadcast_object(uid, root=0)
         self.comm = nccl.NcclCommunicator(self.host.size, uid, self.host.rank)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
 
     @property
     def rank(self) -> int:
@@ -119,11 +125,22 @@ class NcclCommunicator:
         return self.host.allgather_objects(obj)
 
     def iallreduce_sum_(self, buf: Any) -> Any:
-        """Enqueue an in-place sum of a float32 CuPy array; ordered before later kernels."""
+        """Enqueue an in-place sum of a float32 CuPy array on NCCL's stream, after the kernels
+        already enqueued on the default stream; `.Wait()` orders later default-stream kernels
+        after it. The host never blocks."""
+        packed = self.cupy.cuda.Event(disable_timing=True)
+        packed.record(self.cupy.cuda.Stream.null)
+        self.stream.wait_event(packed)
         self.comm.allReduce(
-            buf.data.ptr, buf.data.ptr, buf.size, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, 0
+            buf.data.ptr, buf.data.ptr, buf.size, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM,
+            self.stream.ptr,
         )
-        return _StreamOrdered()
+        reduced = self.cupy.cuda.Event(disable_timing=True)
+        reduced.record(self.stream)
+        return _StreamEvent(reduced)
+
+    def progress(self, requests: list) -> None:
+        """Nothing to do: NCCL's kernels make their own progress."""
 
     def zeros(self, n: int) -> Any:
         return self.cupy.zeros(n, dtype=self.cupy.float32)
@@ -147,11 +164,16 @@ class NcclCommunicator:
         return self.cupy.ndarray(array.shape, dtype=self.cupy.float32, memptr=pointer)
 
 
-class _StreamOrdered:
-    """Request of an operation already ordered on the stream: nothing to wait for."""
+class _StreamEvent:
+    """Request of work on another CUDA stream: waiting orders the default stream after it."""
+
+    def __init__(self, event: Any):
+        self.event = event
 
     def Wait(self) -> None:  # noqa: N802 (mpi4py's spelling)
-        pass
+        import cupy
+
+        cupy.cuda.Stream.null.wait_event(self.event)
 
 
 def select_gpu_for_rank() -> int:

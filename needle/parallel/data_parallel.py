@@ -12,12 +12,12 @@ Run under `mpiexec -n N python train.py` (or `python -m needle.parallel.launch`)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 import needle as ndl
-from needle.nn import Module, Parameter
+from needle.nn import BatchNorm1d, Module, Parameter
 
 from .comm import Communicator
 
@@ -29,6 +29,20 @@ class Bucket:
     params: list[Parameter]
     offsets: list[int]
     size: int
+
+
+_NORM_STATS = ("running_mean", "running_var")
+
+
+@dataclass
+class _Sync:
+    """One step's synchronisation in flight: how far each bucket is packed, what was started."""
+
+    scale: float
+    unpacked: list[int]  # per bucket, gradients not yet packed
+    launched: int = 0  # buckets 0..launched-1 have their allreduce started
+    packed: set[int] = field(default_factory=set)  # ids of parameters packed this step
+    requests: list = field(default_factory=list)
 
 
 def plan_buckets(params: list[Parameter], bucket_bytes: int) -> list[Bucket]:
@@ -70,9 +84,12 @@ class DataParallel(Module):
         comm: Communicator | None = None,
         bucket_mb: float = 4.0,
         check_finite: bool = True,
+        overlap: bool = True,
     ):
         """`check_finite` refuses NaN/inf gradients (see `sync_gradients`); on a GPU the check
-        waits for the allreduce every step, which keeps ranks from running ahead of each other."""
+        waits for the allreduce every step, which keeps ranks from running ahead of each other.
+        `overlap` starts each bucket's allreduce inside `backward` as soon as its gradients are
+        final; without it all buckets start after backward."""
         super().__init__()
         self.module = module
         self.comm = comm if comm is not None else Communicator()
@@ -81,6 +98,17 @@ class DataParallel(Module):
         self._check_same_architecture(params)
         self._buckets = plan_buckets(params, int(bucket_mb * 2**20))
         self._buffers = [self.comm.zeros(bucket.size) for bucket in self._buckets]
+        self._place = {
+            id(param): (k, offset)
+            for k, bucket in enumerate(self._buckets)
+            for param, offset in zip(bucket.params, bucket.offsets, strict=True)
+        }
+        self._norms = [m for m in module.children() if isinstance(m, BatchNorm1d)]
+        self._stats = self.comm.zeros(2 * sum(m.dim for m in self._norms))
+        self._sync: _Sync | None = None  # set while gradients are being synchronised
+        if overlap:
+            for param in params:
+                param.register_grad_ready_hook(self._grad_ready)
         self.broadcast_parameters()
 
     def forward(self, *args, **kwargs):
@@ -105,42 +133,86 @@ class DataParallel(Module):
         return (base + (self.comm.rank < extra)) / global_batch_size
 
     def broadcast_parameters(self, root: int = 0) -> None:
-        """Overwrite every rank's weights with root's, so replicas start identical."""
+        """Overwrite every rank's weights and BatchNorm statistics with root's."""
         for param in self.module.parameters():
             buf = np.ascontiguousarray(param.numpy())
             self.comm.broadcast_(buf, root=root)
             param.data = ndl.Tensor(buf, device=param.device)
+        for norm in self._norms:
+            for name in _NORM_STATS:
+                buf = np.ascontiguousarray(getattr(norm, name).numpy())
+                self.comm.broadcast_(buf, root=root)
+                setattr(norm, name, ndl.Tensor(buf, device=norm.weight.device, requires_grad=False))
 
     def backward(self, loss: ndl.Tensor, local_fraction: float | None = None) -> None:
-        """`loss.backward()`, then `sync_gradients`; `loss` is the mean over the local shard."""
-        loss.backward()
-        self.sync_gradients(local_fraction)
+        """`loss.backward()` with the gradient allreduce overlapped; `loss` is the mean over the
+        local shard. Returns with every gradient (and BatchNorm statistic) synchronised."""
+        self._start(local_fraction)
+        try:
+            loss.backward()
+            self._finish()
+        finally:
+            self._sync = None
 
     def sync_gradients(self, local_fraction: float | None = None) -> None:
-        """Replace each gradient by the global-batch gradient.
+        """Replace each gradient by the global-batch gradient, after a plain `loss.backward()`.
 
         Each rank's gradient is of the mean loss over its shard; weighting it by the
         shard's share of the batch (1/size for equal shards) and summing over ranks
-        gives the gradient of the mean loss over the whole batch.
-
-        Buckets are packed and their Iallreduce started one after another, so
-        packing bucket k+1 overlaps the transfer of bucket k; needle's autograd has
-        no per-gradient hook, so transfers start after backward, not during it.
+        gives the gradient of the mean loss over the whole batch. BatchNorm running
+        statistics are averaged with the same weights.
         """
+        self._start(local_fraction)
+        try:
+            self._finish()
+        finally:
+            self._sync = None
+
+    def _start(self, local_fraction: float | None) -> None:
+        """Begin a step's synchronisation; BatchNorm statistics (final since forward) go first."""
         scale = 1.0 / self.comm.size if local_fraction is None else float(local_fraction)
         if not 0.0 <= scale <= 1.0:
             raise ValueError(f"local_fraction must lie in [0, 1], got {local_fraction}")
-        requests = []
-        for bucket, buffer in zip(self._buckets, self._buffers, strict=True):
+        self._sync = _Sync(scale, [len(b.params) for b in self._buckets])
+        if self._norms:
+            for name, norm, view in self._stat_views():
+                self.comm.pack(getattr(norm, name).realize_cached_data(), view, scale)
+            self._sync.requests.append(self.comm.iallreduce_sum_(self._stats))
+
+    def _grad_ready(self, param: Parameter) -> None:
+        """Grad-ready hook: pack the gradient; start every bucket that is now full, in order."""
+        sync = self._sync
+        if sync is None:  # a backward outside DataParallel.backward
+            return
+        k, offset = self._place[id(param)]
+        self._pack(param, self._buffers[k][offset : offset + _numel(param)])
+        sync.unpacked[k] -= 1
+        while sync.launched < len(self._buckets) and sync.unpacked[sync.launched] == 0:
+            sync.requests.append(self.comm.iallreduce_sum_(self._buffers[sync.launched]))
+            sync.launched += 1
+        self.comm.progress(sync.requests)
+
+    def _pack(self, param: Parameter, view) -> None:
+        if param.grad is None:  # unused this step: contributes nothing
+            view[...] = 0
+        else:
+            self.comm.pack(param.grad.realize_cached_data(), view, self._sync.scale)
+        self._sync.packed.add(id(param))
+
+    def _finish(self) -> None:
+        """Start the buckets backward did not fill (in order), wait for all, unpack."""
+        sync = self._sync
+        for k in range(sync.launched, len(self._buckets)):
+            bucket, buffer = self._buckets[k], self._buffers[k]
             for param, offset in zip(bucket.params, bucket.offsets, strict=True):
-                view = buffer[offset : offset + _numel(param)]
-                if param.grad is None:  # unused this step: contributes nothing
-                    view[...] = 0
-                else:
-                    self.comm.pack(param.grad.realize_cached_data(), view, scale)
-            requests.append(self.comm.iallreduce_sum_(buffer))
-        for request in requests:
+                if id(param) not in sync.packed:
+                    self._pack(param, buffer[offset : offset + _numel(param)])
+            sync.requests.append(self.comm.iallreduce_sum_(buffer))
+        for request in sync.requests:
             request.Wait()
+        for name, norm, view in self._stat_views():
+            stat = self.comm.unpack(view, (norm.dim,), norm.weight.device)
+            setattr(norm, name, ndl.Tensor(stat, requires_grad=False))
         if self.check_finite:
             self._refuse_non_finite()
         for bucket, buffer in zip(self._buckets, self._buffers, strict=True):
@@ -148,6 +220,14 @@ class DataParallel(Module):
                 view = buffer[offset : offset + _numel(param)]
                 grad = self.comm.unpack(view, param.shape, param.device)
                 param.grad = ndl.Tensor(grad, requires_grad=False)
+
+    def _stat_views(self):
+        """(attribute, BatchNorm module, its slice of the statistics buffer) for each statistic."""
+        offset = 0
+        for norm in self._norms:
+            for name in _NORM_STATS:
+                yield name, norm, self._stats[offset : offset + norm.dim]
+                offset += norm.dim
 
     def _refuse_non_finite(self) -> None:
         """Refuse summed gradients with NaN or inf before they reach any parameter.
