@@ -31,23 +31,16 @@ MAX_NDIM = 8
 def encode_array(array: np.ndarray) -> bytes:
     """Serialise an array (float32, int8, int16, int32 or int64) to blob bytes."""
     array = np.asarray(array)
-    code = DTYPE_CODES.get(array.dtype.newbyteorder("<"))
-    if code is None:
-        raise ValueError(
-            f"unsupported dtype {array.dtype}; blobs hold float32, int8, int16, int32 or int64"
-        )
-    if array.ndim > MAX_NDIM:
-        raise ValueError(f"array has {array.ndim} dims; blobs hold at most {MAX_NDIM}")
-    data = np.ascontiguousarray(array, dtype=DTYPES[code]).tobytes()
-    dims = struct.pack(f"<{array.ndim}Q", *array.shape)
-    return HEADER.pack(MAGIC, code, array.ndim) + dims + data
+    header = encode_header(array)
+    return header + np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
-def decode_array(blob: bytes) -> np.ndarray:
-    """Parse blob bytes back into a read-only array; ValueError says what is corrupt."""
-    if len(blob) < HEADER.size:
-        raise ValueError(f"blob of {len(blob)} bytes is shorter than the {HEADER.size}-byte header")
-    magic, code, ndim = HEADER.unpack_from(blob)
+def parse_header(prefix: bytes | bytearray | memoryview) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, data offset) from a blob's first bytes; ValueError says what is corrupt."""
+    if len(prefix) < HEADER.size:
+        raise ValueError(f"blob of {len(prefix)} bytes is shorter than the {HEADER.size}-byte "
+                         "header")
+    magic, code, ndim = HEADER.unpack_from(prefix)
     if magic != MAGIC:
         raise ValueError(f"bad blob magic {magic!r}, expected {MAGIC!r}")
     if code not in DTYPES:
@@ -55,17 +48,36 @@ def decode_array(blob: bytes) -> np.ndarray:
     if ndim > MAX_NDIM:
         raise ValueError(f"blob declares {ndim} dims; at most {MAX_NDIM} allowed")
     dims_end = HEADER.size + 8 * ndim
-    if len(blob) < dims_end:
+    if len(prefix) < dims_end:
         raise ValueError("blob truncated inside its dims")
-    shape = struct.unpack_from(f"<{ndim}Q", blob, HEADER.size)
-    dtype = DTYPES[code]
+    return DTYPES[code], struct.unpack_from(f"<{ndim}Q", prefix, HEADER.size), dims_end
+
+
+def check_size(dtype: np.dtype, shape: tuple[int, ...], data_bytes: int) -> None:
     expected = dtype.itemsize * int(np.prod(shape, dtype=object))
-    if len(blob) - dims_end != expected:
+    if data_bytes != expected:
+        raise ValueError(f"blob data is {data_bytes} bytes but shape {shape} of {dtype} "
+                         f"needs {expected}")
+
+
+def encode_header(array: np.ndarray) -> bytes:
+    """The header of `array`'s blob (the data follows as its raw C-order bytes)."""
+    code = DTYPE_CODES.get(array.dtype.newbyteorder("<"))
+    if code is None:
         raise ValueError(
-            f"blob data is {len(blob) - dims_end} bytes but shape {shape} of {dtype} "
-            f"needs {expected}"
+            f"unsupported dtype {array.dtype}; blobs hold float32, int8, int16, int32 or int64"
         )
-    return np.frombuffer(blob, dtype=dtype, offset=dims_end).reshape(shape)
+    if array.ndim > MAX_NDIM:
+        raise ValueError(f"array has {array.ndim} dims; blobs hold at most {MAX_NDIM}")
+    return HEADER.pack(MAGIC, code, array.ndim) + struct.pack(f"<{array.ndim}Q", *array.shape)
+
+
+def decode_array(blob: bytes | bytearray) -> np.ndarray:
+    """Parse blob bytes back into an array (a view of `blob`); ValueError says what is
+    corrupt."""
+    dtype, shape, offset = parse_header(blob)
+    check_size(dtype, shape, len(blob) - offset)
+    return np.frombuffer(blob, dtype=dtype, offset=offset).reshape(shape)
 
 
 def blob_id(blob: bytes) -> bytes:
@@ -88,6 +100,10 @@ def parse_id(text_or_bytes: str | bytes) -> bytes:
     return raw
 
 
+class BlobTooLarge(ValueError):
+    """A blob over the store's size limit."""
+
+
 class BlobStore:
     """Blobs on disk, one file per id; writes are atomic (temp file + rename)."""
 
@@ -101,23 +117,16 @@ class BlobStore:
 
     def put(self, data: bytes) -> bytes:
         """Store a blob after checking its size and format; returns its id."""
-        if len(data) > self.max_bytes:
-            raise ValueError(f"blob of {len(data)} bytes exceeds the {self.max_bytes}-byte limit")
-        decode_array(data)
-        id_ = blob_id(data)
-        target = self.path(id_)
-        if not target.exists():
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        return id_
+        writer = self.writer(blob_id(data), len(data))
+        writer.write(data)
+        return writer.commit()
+
+    def writer(self, id_: bytes, declared_size: int | None = None) -> BlobWriter:
+        """A streamed upload of the blob `id_` (size limit checked up front when declared)."""
+        if declared_size is not None and declared_size > self.max_bytes:
+            raise BlobTooLarge(f"blob of {declared_size} bytes exceeds the {self.max_bytes}-byte "
+                               "limit")
+        return BlobWriter(self, id_)
 
     def get(self, id_: bytes | str) -> bytes | None:
         try:
@@ -127,3 +136,52 @@ class BlobStore:
 
     def has(self, id_: bytes | str) -> bool:
         return self.path(id_).exists()
+
+
+class BlobWriter:
+    """Receives one blob in chunks: hashes and writes each chunk to a temp file as it arrives
+    (the body is never held in memory), then renames the file into place once the size,
+    the sha256 and the header check out. Any failure leaves nothing behind."""
+
+    def __init__(self, store: BlobStore, id_: bytes) -> None:
+        self.store, self.id = store, id_
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.prefix = bytearray()  # the first bytes, enough for the header and dims
+        fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
+        self.file = os.fdopen(fd, "wb")
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        self.size += len(chunk)
+        if self.size > self.store.max_bytes:
+            self.abort()
+            raise BlobTooLarge(f"blob exceeds the {self.store.max_bytes}-byte limit")
+        if len(self.prefix) < HEADER.size + 8 * MAX_NDIM:
+            self.prefix += chunk[:HEADER.size + 8 * MAX_NDIM - len(self.prefix)]
+        self.digest.update(chunk)
+        self.file.write(chunk)
+
+    def commit(self) -> bytes:
+        """Check and store the blob; returns its id. ValueError says what was wrong."""
+        try:
+            if self.digest.digest() != self.id:
+                raise ValueError(f"sha256 of the body is 0x{self.digest.hexdigest()}, "
+                                 f"not 0x{self.id.hex()}")
+            dtype, shape, offset = parse_header(self.prefix)
+            check_size(dtype, shape, self.size - offset)
+            target = self.store.path(self.id)
+            if target.exists():  # content-addressed: the same bytes are already there
+                self.abort()
+                return self.id
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp, target)
+        except BaseException:
+            self.abort()
+            raise
+        return self.id
+
+    def abort(self) -> None:
+        self.file.close()
+        Path(self.tmp).unlink(missing_ok=True)

@@ -9,7 +9,8 @@ from eth_account import Account
 from web3 import Web3
 from web3.exceptions import ContractLogicError
 
-from chain.blobs import blob_id, decode_array, encode_array, parse_id
+from chain.blobhttp import BlobClient
+from chain.blobs import decode_array, parse_id
 
 
 class TransactionReverted(RuntimeError):
@@ -20,7 +21,7 @@ class ChainClient:
     """Talk to one chain node: JSON-RPC at ``rpc_url``, blobs at ``rpc_url/blobs``."""
 
     def __init__(self, rpc_url: str, private_key: str | bytes | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, max_blob_bytes: int = 1 << 30) -> None:
         self.url = rpc_url.rstrip("/")
         self.http = httpx.Client(timeout=timeout)
         self.info = self.http.get(f"{self.url}/info").raise_for_status().json()
@@ -30,6 +31,8 @@ class ChainClient:
             address=Web3.to_checksum_address(self.info["contract"]), abi=self.info["abi"]
         )
         self.account = Account.from_key(private_key) if private_key is not None else None
+        self.blobs = BlobClient(self.info.get("blob_url", f"{self.url}/blobs"),
+                                max_blob_bytes, timeout)
         self.timeout = timeout
         self._nonce: int | None = None
         self._lock = threading.Lock()
@@ -87,23 +90,13 @@ class ChainClient:
 
     def put_blob(self, array_or_bytes: np.ndarray | bytes) -> bytes:
         """Upload an array (or encoded blob) to the node's blob store; returns its 32-byte id."""
-        data = array_or_bytes if isinstance(array_or_bytes, bytes) else encode_array(array_or_bytes)
-        id_ = blob_id(data)
-        response = self.http.put(f"{self.url}/blobs/0x{id_.hex()}", content=data)
-        if response.status_code != 200:
-            raise ValueError(f"blob upload rejected ({response.status_code}): {response.text}")
-        return id_
+        if isinstance(array_or_bytes, bytes):
+            return self.blobs.put(array_or_bytes)
+        return self.blobs.put_array(array_or_bytes)
 
-    def get_blob_bytes(self, id_: bytes | str) -> bytes:
-        """Download a blob and check that its sha256 matches the id."""
-        id_ = parse_id(id_)
-        response = self.http.get(f"{self.url}/blobs/0x{id_.hex()}")
-        if response.status_code == 404:
-            raise KeyError(f"blob 0x{id_.hex()} not found on {self.url}")
-        response.raise_for_status()
-        if blob_id(response.content) != id_:
-            raise ValueError(f"blob 0x{id_.hex()} failed its hash check")
-        return response.content
+    def get_blob_bytes(self, id_: bytes | str) -> bytearray:
+        """Download a blob and check that its sha256 matches the id (KeyError if missing)."""
+        return self.blobs.get(parse_id(id_))
 
     def get_blob(self, id_: bytes | str) -> np.ndarray:
         return decode_array(self.get_blob_bytes(id_))
@@ -114,6 +107,7 @@ class ChainClient:
         return dict(zip(JOB_FIELDS, values, strict=True))
 
     def close(self) -> None:
+        self.blobs.close()
         self.http.close()
 
 

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from chain.blobs import blob_id, decode_array, parse_id
+from chain.blobhttp import BlobApp
 from chain.compile import compiled_market
 from chain.node import Node, TxRejected
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POOL_ADDRESS
@@ -512,64 +512,5 @@ def create_app(node: Node) -> FastAPI:
             "head": node.head().block_number,
         }
 
-    def blob_key(id_text: str) -> bytes:
-        try:
-            return parse_id(id_text)
-        except ValueError as exc:
-            raise BadBlob(400, str(exc)) from exc
-
-    @app.put("/blobs/{id_text}")
-    async def put_blob(id_text: str, request: Request) -> Response:
-        try:
-            key = blob_key(id_text)
-            declared = int(request.headers.get("content-length") or 0)
-            if declared > node.blobs.max_bytes:
-                raise BadBlob(413, f"blob of {declared} bytes exceeds the "
-                                   f"{node.blobs.max_bytes}-byte limit")
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > node.blobs.max_bytes:
-                    raise BadBlob(413, f"blob exceeds the {node.blobs.max_bytes}-byte limit")
-            data = bytes(body)
-            if blob_id(data) != key:
-                raise BadBlob(400, f"sha256 of the body is 0x{blob_id(data).hex()}, "
-                                   f"not 0x{key.hex()}")
-            try:
-                decode_array(data)
-            except ValueError as exc:
-                raise BadBlob(400, f"not a blob: {exc}") from exc
-            await run_in_threadpool(node.blobs.put, data)
-        except BadBlob as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
-        return JSONResponse({"id": d(key), "size": len(data)})
-
-    @app.get("/blobs/{id_text}")
-    def get_blob(id_text: str) -> Response:
-        try:
-            key = blob_key(id_text)
-        except BadBlob as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
-        data = node.blobs.get(key)
-        if data is None:
-            return JSONResponse({"error": f"blob 0x{key.hex()} not found"}, status_code=404)
-        return Response(data, media_type="application/octet-stream")
-
-    @app.head("/blobs/{id_text}")
-    def head_blob(id_text: str) -> Response:
-        try:
-            key = blob_key(id_text)
-        except BadBlob as exc:
-            return Response(status_code=exc.status)
-        path = node.blobs.path(key)
-        if not path.exists():
-            return Response(status_code=404)
-        return Response(status_code=200, headers={"content-length": str(path.stat().st_size)})
-
+    app.mount("/blobs", BlobApp(node.blobs))  # raw ASGI: bulk bytes skip FastAPI
     return app
-
-
-class BadBlob(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message

@@ -8,7 +8,6 @@ check on both ends.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import httpx
@@ -17,7 +16,6 @@ import requests
 from eth_account.signers.local import LocalAccount
 from web3.logs import DISCARD
 
-from chain.blobs import blob_id, decode_array, encode_array
 from chain.client import ChainClient, TransactionReverted
 from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
 
@@ -28,7 +26,6 @@ DEFAULT_MAX_BLOB_BYTES = 1 << 30
 VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS
 COMMIT_GAS = 200_000
 ZERO_ADDRESS = "0x" + "00" * 20
-CHUNK = 1 << 20
 UPLOAD_THREADS = 8
 
 TxReverted = TransactionReverted
@@ -77,23 +74,18 @@ def finalize_gas(job: Job) -> int:
     return 300_000 + 2 * precompile
 
 
-class BlobError(Exception):
-    """A blob that could not be stored or fetched, or whose bytes do not match its id."""
-
-
 class Market:
     def __init__(
         self, rpc_url: str, account: LocalAccount, max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
     ) -> None:
-        self.client = ChainClient(rpc_url, account.key)
+        self.client = ChainClient(rpc_url, account.key, max_blob_bytes=max_blob_bytes)
         self.account = account
         self.address = account.address
         self.w3 = self.client.w3
         self.contract = self.client.market
         self.max_blob_bytes = max_blob_bytes
         self.blob_url = self.client.info.get("blob_url", f"{self.client.url}/blobs").rstrip("/")
-        self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0),
-                                  limits=httpx.Limits(max_connections=UPLOAD_THREADS))
+        self.blobs = self.client.blobs
         self._events_by_topic = {
             bytes.fromhex(event.topic.removeprefix("0x")): event
             for event in (getattr(self.contract.events, abi["name"])()
@@ -101,7 +93,6 @@ class Market:
         }
 
     def close(self) -> None:
-        self._http.close()
         self.client.close()
 
     # -- transactions and views --------------------------------------------------------
@@ -200,46 +191,15 @@ class Market:
     # -- blobs ---------------------------------------------------------------------------
 
     def put_blob(self, data: bytes) -> bytes:
-        """Upload blob bytes; returns the id. A large blob the store already has is not sent
-        again (one HEAD request); a small one is just sent (PUT is idempotent)."""
-        if len(data) > self.max_blob_bytes:
-            raise BlobError(
-                f"blob of {len(data)} bytes exceeds the {self.max_blob_bytes}-byte limit"
-            )
-        id_ = blob_id(data)
-        url = f"{self.blob_url}/0x{id_.hex()}"
-        if len(data) >= CHUNK and self._http.head(url).status_code == 200:
-            return id_
-        response = self._http.put(url, content=data)
-        if response.status_code not in (200, 201, 204):
-            raise BlobError(f"blob store refused 0x{id_.hex()}: {response.status_code} "
-                            f"{response.text[:200]}")
-        return id_
+        """Upload blob bytes; returns the id (BlobError if the store refuses them)."""
+        return self.blobs.put(data)
 
     def put_array(self, array: np.ndarray) -> bytes:
-        return self.put_blob(encode_array(array))
+        return self.blobs.put_array(array)
 
-    def get_blob(self, id_: bytes) -> bytes:
-        """Stream a blob, stopping at the size limit; BlobError if its sha256 is not `id_`."""
-        url = f"{self.blob_url}/0x{id_.hex()}"
-        digest = hashlib.sha256()
-        chunks = []
-        size = 0
-        with self._http.stream("GET", url) as response:
-            if response.status_code == 404:
-                raise BlobError(f"blob 0x{id_.hex()} not found in the blob store")
-            response.raise_for_status()
-            for chunk in response.iter_raw(CHUNK):
-                size += len(chunk)
-                if size > self.max_blob_bytes:
-                    raise BlobError(
-                        f"blob 0x{id_.hex()} exceeds the {self.max_blob_bytes}-byte limit"
-                    )
-                digest.update(chunk)
-                chunks.append(chunk)
-        if digest.digest() != id_:
-            raise BlobError(f"blob 0x{id_.hex()} arrived with a different hash: corrupt or forged")
-        return b"".join(chunks)
+    def get_blob(self, id_: bytes) -> bytearray:
+        """A blob's bytes (size limit and sha256 checked); BlobError otherwise."""
+        return self.blobs.get(id_)
 
     def get_array(self, id_: bytes) -> np.ndarray:
-        return decode_array(self.get_blob(id_))
+        return self.blobs.get_array(id_)
