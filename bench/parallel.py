@@ -2,17 +2,18 @@
 
     python bench/parallel.py                      # CPU: 1 vs 2 processes
     python bench/parallel.py --device cuda        # 1 vs 2 GPUs (NCCL through CuPy if present)
-    python bench/parallel.py --repeats 5          # median and range of 5 interleaved rounds
+    python bench/parallel.py --repeats 5          # median and range of 5 rounds
 
-Each configuration is started with the MPI launcher next to this python
+Each rank count is started once with the MPI launcher next to this python
 (`mpiexec -n R python bench/parallel.py --worker ...`); every rank trains on
 its own batch of `--batch` synthetic images (weak scaling: 2 ranks process
 twice the images per step), and rank 0 reports images per second over the
-timed steps. The ratio is against the 1-rank run of the same round. The
-2-rank run is measured with the allreduce overlapped with backward and
-without (`DataParallel(overlap=False)`). On CPU each rank gets `--threads`
-OpenMP threads; the 1-rank run with all threads is reported too, since that
-is what a single process can already use.
+timed steps. Inside that launch each round builds a fresh model for each
+setting and times it: 2 ranks with the allreduce overlapped with backward
+and without (`DataParallel(overlap=False)`). A ratio is against the 1-rank
+run of the same round of the same invocation. On CPU each rank gets
+`--threads` OpenMP threads; 1 rank with all threads is reported too, since
+that is what a single process can already use.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ RESULT_TAG = "RESULT "
 
 
 def worker(opts: argparse.Namespace) -> None:
-    """One rank: time `opts.steps` data-parallel SGD steps after `opts.warmup` untimed ones."""
+    """One rank: per round and overlap setting, time `opts.steps` SGD steps after `opts.warmup`."""
     if opts.device == "cuda":
         from needle.parallel.comm import select_gpu_for_rank
 
@@ -46,61 +47,73 @@ def worker(opts: argparse.Namespace) -> None:
     host = Communicator()
     use_nccl = opts.device == "cuda" and nccl_available()
     comm = NcclCommunicator(host) if use_nccl else host
-    np.random.seed(0)
-    model = DataParallel(
-        ResNet9(device=device), comm, bucket_mb=opts.bucket_mb,
-        check_finite=not opts.skip_finite_check, overlap=opts.overlap == "on",
-    )
-    opt = ndl.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.SoftmaxLoss()
     rng = np.random.default_rng(host.rank)
     x = ndl.Tensor(rng.standard_normal((opts.batch, 3, 32, 32), np.float32), device=device)
     y = ndl.Tensor(rng.integers(0, 10, opts.batch).astype(np.float32), device=device)
 
-    def step() -> float:
-        opt.reset_grad()
-        loss = loss_fn(model(x), y)
-        model.backward(loss)
-        opt.step()
-        return loss.numpy().item()  # waits for the device, as a training loop that logs would
+    def measure(overlap: str) -> float:
+        np.random.seed(0)
+        model = DataParallel(
+            ResNet9(device=device), comm, bucket_mb=opts.bucket_mb,
+            check_finite=not opts.skip_finite_check, overlap=overlap == "on",
+        )
+        opt = ndl.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    for _ in range(opts.warmup):
-        step()
-    host.barrier()
-    start = time.perf_counter()
-    for _ in range(opts.steps):
-        step()
-    host.barrier()
-    elapsed = time.perf_counter() - start
-    if host.rank == 0:
-        images = opts.steps * opts.batch * host.size
-        result = {
-            "ranks": host.size,
-            "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
-            "allreduce": "nccl" if use_nccl else "mpi",
-            "overlap": opts.overlap,
-            "seconds": elapsed,
-            "images_per_s": images / elapsed,
-        }
-        print(RESULT_TAG + json.dumps(result), flush=True)
+        def step() -> float:
+            opt.reset_grad()
+            loss = loss_fn(model(x), y)
+            model.backward(loss)
+            opt.step()
+            return loss.numpy().item()  # waits for the device, as a training loop that logs would
+
+        for _ in range(opts.warmup):
+            step()
+        host.barrier()
+        start = time.perf_counter()
+        for _ in range(opts.steps):
+            step()
+        host.barrier()
+        return time.perf_counter() - start
+
+    for round_ in range(opts.repeats):
+        for overlap in opts.overlaps.split(","):
+            elapsed = measure(overlap)
+            if host.rank == 0:
+                result = {
+                    "round": round_,
+                    "ranks": host.size,
+                    "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
+                    "allreduce": "nccl" if use_nccl else "mpi",
+                    "overlap": overlap,
+                    "images_per_s": opts.steps * opts.batch * host.size / elapsed,
+                }
+                print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def run(ranks: int, threads: int, overlap: str, opts: argparse.Namespace) -> dict:
+def run(ranks: int, threads: int, overlaps: str, opts: argparse.Namespace) -> list[dict]:
+    """Launch `ranks` processes that time every round; rank 0's results, one per measurement."""
     from needle.parallel import launch_command
 
     args = ["--worker", "--device", opts.device, "--batch", str(opts.batch)]
     args += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
-    args += ["--bucket-mb", str(opts.bucket_mb), "--overlap", overlap]
+    args += ["--bucket-mb", str(opts.bucket_mb), "--repeats", str(opts.repeats)]
+    args += ["--overlaps", overlaps]
     args += ["--skip-finite-check"] if opts.skip_finite_check else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(
         launch_command(ranks, os.path.abspath(__file__), args),
         env=env, capture_output=True, text=True, timeout=opts.timeout,
     )
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])
-    raise RuntimeError(f"{ranks}-rank run failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    results = [
+        json.loads(line[len(RESULT_TAG):])
+        for line in proc.stdout.splitlines()
+        if line.startswith(RESULT_TAG)
+    ]
+    if proc.returncode != 0 or not results:
+        output = proc.stdout + proc.stderr
+        raise RuntimeError(f"{ranks}-rank run failed ({proc.returncode}):\n{output}")
+    return results
 
 
 def main() -> None:
@@ -111,13 +124,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads per CPU rank")
     parser.add_argument("--bucket-mb", type=float, default=4.0, help="DataParallel(bucket_mb=)")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of every configuration")
-    parser.add_argument("--overlap", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of every setting")
     parser.add_argument(
         "--skip-finite-check", action="store_true", help="DataParallel(check_finite=False)"
     )
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--overlaps", default="on", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     gpu = opts.device == "cuda"
     opts.batch = opts.batch or (128 if gpu else 16)
@@ -125,10 +138,11 @@ def main() -> None:
     if opts.worker:
         worker(opts)
         return
-    configs = [(1, opts.threads, "on"), (2, opts.threads, "off"), (2, opts.threads, "on")]
+    launches = [(1, opts.threads, "on"), (2, opts.threads, "off,on")]
     if not gpu:
-        configs.append((1, 2 * opts.threads, "on"))  # one process using every core of 2 ranks
-    rounds = [[run(*config, opts) for config in configs] for _ in range(opts.repeats)]
+        launches.append((1, 2 * opts.threads, "on"))  # one process using every core of 2 ranks
+    results = [r for launch in launches for r in run(*launch, opts)]
+    base = {r["round"]: r["images_per_s"] for r in results[: opts.repeats]}
     check = "off" if opts.skip_finite_check else "on"
     print(
         f"ResNet9, 32x32, {opts.device}, batch {opts.batch}/rank, {opts.steps} timed steps, "
@@ -139,12 +153,18 @@ def main() -> None:
         f"{'ranks':>5} {'threads/rank':>12} {'allreduce':>9} {'overlap':>7} "
         f"{'images/s median (range)':>24} {'vs 1 rank median (range)':>26}"
     )
-    for i, (ranks, threads, overlap) in enumerate(configs):
-        speeds = [r[i]["images_per_s"] for r in rounds]
-        ratios = [r[i]["images_per_s"] / r[0]["images_per_s"] for r in rounds]
+    settings = dict.fromkeys((r["ranks"], r["threads"], r["overlap"]) for r in results)
+    for ranks, threads, overlap in settings:
+        rows = [
+            r for r in results
+            if (r["ranks"], r["threads"], r["overlap"]) == (ranks, threads, overlap)
+        ]
+        speeds = [r["images_per_s"] for r in rows]
+        ratios = [r["images_per_s"] / base[r["round"]] for r in rows]
         print(
-            f"{ranks:>5} {threads if not gpu else '-':>12} {rounds[0][i]['allreduce']:>9} "
-            f"{overlap:>7} {_spread(speeds, '.1f'):>24} {_spread(ratios, '.2f'):>26}"
+            f"{ranks:>5} {threads if not gpu else '-':>12} {rows[0]['allreduce']:>9} "
+            f"{overlap if ranks > 1 else '-':>7} {_spread(speeds, '.1f'):>24} "
+            f"{_spread(ratios, '.2f'):>26}"
         )
 
 

@@ -75,8 +75,8 @@ class Communicator:
     def unpack(self, view: np.ndarray, shape: tuple[int, ...], device) -> NDArray:
         return NDArray(view.reshape(shape), device=device)
 
-    def all_finite(self, buf: np.ndarray) -> bool:
-        return bool(np.isfinite(buf).all())
+    def all_finite(self, bufs: list[np.ndarray]) -> bool:
+        return all(np.isfinite(buf).all() for buf in bufs)
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -153,8 +153,10 @@ class NcclCommunicator:
         self._view(out)[...] = view.reshape(shape)
         return out
 
-    def all_finite(self, buf: Any) -> bool:
-        return bool(self.cupy.isfinite(buf).all())
+    def all_finite(self, bufs: list) -> bool:
+        """One read-back from the device for all buffers."""
+        flags = [self.cupy.isfinite(buf).all() for buf in bufs]
+        return bool(self.cupy.stack(flags).all())
 
     def _view(self, array: NDArray) -> Any:
         """A CuPy array over a needle CUDA array's memory (no copy)."""

@@ -235,14 +235,14 @@ class DataParallel(Module):
         Every rank holds the same sums, so every rank raises together and the
         replicas stay identical (and unchanged) either way.
         """
-        if all(self.comm.all_finite(buffer) for buffer in self._buffers):
+        if self.comm.all_finite(self._buffers):
             return
         index = {id(p): i for i, p in enumerate(self.module.parameters())}
         bad = [
             index[id(param)]
             for bucket, buffer in zip(self._buckets, self._buffers, strict=True)
             for param, offset in zip(bucket.params, bucket.offsets, strict=True)
-            if not self.comm.all_finite(buffer[offset : offset + _numel(param)])
+            if not self.comm.all_finite([buffer[offset : offset + _numel(param)]])
         ]
         raise FloatingPointError(
             f"non-finite gradients (NaN or inf on some rank) for parameters {sorted(bad)} "
