@@ -1,4 +1,5 @@
-"""The GPU path (CuPy arrays, checked in float64 on the device) agrees with the host path."""
+"""The GPU path (CuPy arrays, float checks evaluated in float32 on the device like on the
+host, exact limb products in float64) agrees with the host path."""
 import numpy as np
 import pytest
 
@@ -14,20 +15,25 @@ SEED = b"gpu" * 11
 
 
 @pytest.mark.parametrize("columns", [1, 3, 16, 64])
-def test_fused_kernel_matches_float64_products(columns):
+@pytest.mark.parametrize("accumulator", [np.float32, np.float64])
+def test_fused_kernel_matches_float64_products(columns, accumulator):
     from verifier.gpu import signed_and_abs
 
     rng = np.random.default_rng(columns)
     M = rng.standard_normal((300, 1000), dtype=np.float32)
-    W = rng.standard_normal((1000, columns))
-    v = rng.random(1000)
-    S, a = signed_and_abs(cupy.asarray(M), cupy.asarray(W), cupy.asarray(v))
-    M64 = M.astype(np.float64)
-    np.testing.assert_allclose(cupy.asnumpy(S), M64 @ W, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(cupy.asnumpy(a), np.abs(M64) @ v, rtol=1e-12)
+    W = rng.standard_normal((1000, columns)).astype(accumulator)
+    v = rng.random(1000).astype(accumulator)
+    S, a = signed_and_abs(cupy.asarray(M), cupy.asarray(W), cupy.asarray(v), accumulator)
+    assert S.dtype == accumulator and a.dtype == accumulator
+    M64, W64, v64 = M.astype(np.float64), W.astype(np.float64), v.astype(np.float64)
+    # float64: rounding far below 1e-12; float32: within gamma_1000(2^-24) of |M| |W|
+    scale = 1e-12 if accumulator == np.float64 else 1000 * 2.0**-24 * 1.01
+    assert (np.abs(cupy.asnumpy(S) - M64 @ W64) <= scale * (np.abs(M64) @ np.abs(W64))).all()
+    assert (np.abs(cupy.asnumpy(a) - np.abs(M64) @ v64) <= scale * (np.abs(M64) @ v64)).all()
     strided = cupy.asarray(M.T.copy()).T  # same values, column-major
-    S_t, _ = signed_and_abs(strided, cupy.asarray(W), cupy.asarray(v))
-    np.testing.assert_allclose(cupy.asnumpy(S_t), M64 @ W, rtol=1e-12, atol=1e-12)
+    S_t, none = signed_and_abs(strided, cupy.asarray(W), None, accumulator)
+    assert none is None
+    np.testing.assert_array_equal(cupy.asnumpy(S_t), cupy.asnumpy(S))
 
 
 def test_float_verdicts_match_the_host_and_gpu_matmul_passes():
@@ -103,3 +109,31 @@ def test_mixing_host_and_device_arrays_is_an_error():
     A = np.ones((2, 2), np.float32)
     with pytest.raises(TypeError, match="must all be on the host or all on the GPU"):
         verify(A, cupy.asarray(A), A)
+
+
+def test_values_whose_float32_check_overflows_are_checked_in_float64_on_the_gpu():
+    A = cupy.full((4, 2), 1e19, cupy.float32)
+    B = cupy.full((2, 50), 1e19, cupy.float32)
+    C = A @ B  # finite entries whose row sums of |C| overflow float32
+    assert bool(cupy.isfinite(C).all())
+    assert verify(A, B, C, seed=SEED).passed
+    C[1, 7] *= 0.5
+    assert not verify(A, B, C, seed=SEED).passed
+
+
+def test_gpu_and_host_residuals_agree_within_rounding_noise():
+    """Both evaluate in float32 against the same tau: the excesses differ by rounding only."""
+    from verifier.floating import residual_and_bound
+    from verifier.rng import sign_vectors
+
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((200, 300), dtype=np.float32)
+    B = rng.standard_normal((300, 100), dtype=np.float32)
+    C = A @ B
+    C[7, 9] += 3.0
+    R = sign_vectors(SEED, 100, 4)
+    host_residual, host_tau = residual_and_bound(np, A, B, C, R, "fp32")
+    device = residual_and_bound(cupy, *(cupy.asarray(M) for M in (A, B, C)), R, "fp32")
+    device_residual, device_tau = (cupy.asnumpy(x) for x in device)
+    np.testing.assert_allclose(device_tau, host_tau, rtol=1e-5)
+    assert np.abs(device_residual - host_residual).max() < 1e-2 * host_tau.min()

@@ -44,10 +44,9 @@ def products(xp: ModuleType, M, W, v, dtype):
     if xp is not np:
         from verifier.gpu import signed_and_abs
 
-        if dtype != np.float64:  # int64 limbs: huge exact entries, rare
+        if dtype == np.int64:  # int64 limbs: huge exact entries, rare
             return M.astype(dtype, copy=False) @ W, None
-        signed, absolute = signed_and_abs(M, W, xp.zeros(M.shape[1]) if v is None else v)
-        return signed, (None if v is None else absolute)
+        return signed_and_abs(M, W, v, dtype)
     rows, cols = M.shape
     narrow = W.shape[1] <= NARROW
     signed = np.empty((W.shape[1], rows) if narrow else (rows, W.shape[1]), dtype)

@@ -35,14 +35,12 @@ def magnitude(M, limit: int) -> int:
     return bound if bound <= limit else data_magnitude(M)
 
 
-def rotate(xp: ModuleType, x, shift: int):
-    """x * 2^shift mod p for x in [0, p): 2^61 = 1 mod p makes it a 61-bit rotation."""
-    shift %= 61
-    if shift == 0:
-        return x
+def rotate(xp: ModuleType, x, shift):
+    """x * 2^shift mod p for x in [0, p) (int64) and shift in [0, 61), an int or an integer
+    array broadcasting against x: 2^61 = 1 mod p makes it a 61-bit rotation."""
     u = x.astype(np.uint64)
-    rotated = ((u << np.uint64(shift)) & np.uint64(P)) | (u >> np.uint64(61 - shift))
-    return rotated.astype(np.int64)
+    s = shift.astype(np.uint64) if hasattr(shift, "astype") else np.uint64(shift)
+    return (((u << s) & np.uint64(P)) | (u >> (np.uint64(61) - s))).astype(np.int64)
 
 
 def add_mod(xp: ModuleType, a, b):
@@ -70,15 +68,14 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int):
     if width < 8:  # huge entries or inner dimensions: int64 (numpy's own loops) instead
         width, dtype = limb_width(bound, inner, 1 << 62), np.int64
     limbs = -(-61 // width)
-    mask = (1 << width) - 1
-    pieces = xp.concatenate([(V >> (width * i)) & mask for i in range(limbs)], axis=1)
-    sums, _ = products(xp, M, pieces.astype(dtype), None, dtype)
-    sums = sums.astype(np.int64)
-    sums %= P
-    out = sums[:, :cols]
-    for i in range(1, limbs):
-        out = add_mod(xp, out, rotate(xp, sums[:, i * cols : (i + 1) * cols], width * i))
-    return out
+    shifts = xp.arange(limbs, dtype=np.int64)[:, None] * width  # limb t: bits from w t on
+    pieces = (V[:, None, :] >> shifts) & ((1 << width) - 1)  # (inner, limbs, cols)
+    sums, _ = products(xp, M, pieces.reshape(inner, limbs * cols).astype(dtype), None, dtype)
+    residues = sums.astype(np.int64).reshape(-1, limbs, cols) % P
+    terms = rotate(xp, residues, shifts % 61)  # (M v_t) 2^(w t) mod p, each in [0, p)
+    high = (terms >> 32).sum(axis=1)  # at most 31 terms: both sums stay below p
+    low = (terms & (SPLIT - 1)).sum(axis=1)
+    return add_mod(xp, rotate(xp, high, 32), low)
 
 
 def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int,

@@ -35,24 +35,31 @@ def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, tuple, str
     """(worst excess over rows and rounds, (batch..., row) where it occurs, None), or
     (inf, (), reason) for NaN/Inf. A, B, C share their leading batch dimensions.
 
-    Host data is evaluated in float32 (one BLAS pass per matrix, no float64 copies);
-    device data, and host data whose float32 evaluation overflows, in float64.
+    Evaluated in float32 (host: one BLAS pass per matrix; device: the fused kernel), with no
+    float64 copy of any matrix; in float64 when k or n is too large for that, for stacks on
+    a device (cuBLAS, which a global math mode may switch to tf32) and when the float32
+    evaluation overflows.
     """
-    fast = xp is np and float32_possible(B.shape[-1], A.shape[-1])
+    fast = float32_possible(B.shape[-1], A.shape[-1]) and (xp is np or A.ndim == 2)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected, not warned
-        found = residual_and_bound(xp, A, B, C, R, precision,
-                                   np.float32 if fast else np.float64)
-    if found is None:
-        bad = [name for name, M in (("A", A), ("B", B), ("C", C))
-               if not bool(xp.isfinite(M).all())]
-        if bad:
-            return float("inf"), (), f"NaN or Inf in {' and '.join(bad)}"
-        found = residual_and_bound(xp, A, B, C, R, precision, np.float64)
-    residual, tau = found
-    row_excess = (residual - tau[..., None]).max(axis=-1)
-    row_excess = row_excess if xp is np else row_excess.get()  # one transfer, not one per row
+        row_excess = worst_per_row(xp, A, B, C, R, precision, np.float32 if fast else np.float64)
+        if not np.isfinite(row_excess).all():
+            bad = [name for name, M in (("A", A), ("B", B), ("C", C))
+                   if not bool(xp.isfinite(M).all())]
+            if bad:
+                return float("inf"), (), f"NaN or Inf in {' and '.join(bad)}"
+            row_excess = worst_per_row(xp, A, B, C, R, precision, np.float64)
     where = np.unravel_index(int(np.argmax(row_excess)), row_excess.shape)
     return float(row_excess[where]), tuple(int(i) for i in where), None
+
+
+def worst_per_row(xp: ModuleType, A, B, C, R, precision: str, dtype) -> np.ndarray:
+    """max over rounds of |C R - A (B R)| - tau per row, on the host (one transfer from a
+    device). Not finite wherever some quantity it depends on is not: NaN/Inf in, or
+    overflow (IEEE arithmetic carries both through every product and sum)."""
+    residual, tau = residual_and_bound(xp, A, B, C, R, precision, dtype)
+    row_excess = (residual - tau[..., None]).max(axis=-1)  # max propagates NaN
+    return row_excess if xp is np else row_excess.get()
 
 
 def float32_possible(n: int, k: int) -> bool:
@@ -75,8 +82,9 @@ def up(xp: ModuleType, x, dtype):
 
 def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.float32):
     """(|C R - A (B R)| as computed, (..., m, rounds); tau, (..., m)), both float64,
-    evaluated in dtype; None when some computed quantity is not finite (NaN/Inf in, or
-    overflow). A, B, C are single matrices or share their leading batch dimensions."""
+    evaluated in dtype. A, B, C are single matrices or share their leading batch
+    dimensions. Some entries are not finite when an input holds NaN/Inf or the evaluation
+    overflowed."""
     m, k = A.shape[-2:]
     n = B.shape[-1]
     ue, tiny_e = charged_unit(n, k, dtype)
@@ -93,9 +101,6 @@ def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.floa
     s = (s_hat.astype(np.float64) + eta_n) / (1 - g_n)  # upper bound on |B| 1
     weights = up(xp, w_t * s + w_rho, dtype)
     Y, a_hat = products(xp, A, X, weights, dtype)
-    computed = (X, Z, Y, weights, c_hat, a_hat)
-    if not bool(xp.isfinite(xp.concatenate([v.ravel() for v in computed])).all()):
-        return None
     a_term = (a_hat.astype(np.float64) + eta_k) / (1 - g_k)
     c = (c_hat.astype(np.float64) + eta_n) / (1 - g_n)
     constant = (f * (1 + u_in) * TINY * s.sum(axis=-1, keepdims=True)

@@ -1,52 +1,61 @@
 """A fused CUDA kernel for checks of device data: one read of a matrix gives both M @ W and
-|M| @ v, accumulated in float64 with no converted copy of M. Float checks rely on the
-float64 rounding analysis of docs/verifier.md (any order); exact checks keep every partial
-sum an integer below 2^53, so the kernel is exact for them.
+|M| @ v, accumulated in the check's evaluation type (float32 for float checks, whose bound
+charges float32's unit for any order; float64 for exact limb products, every partial sum
+an integer of magnitude at most 2^53) with no converted copy of M.
 
-Each warp takes VF_RPW rows; the block's warps share tiles of W (transposed) in shared memory,
-so W is read from global memory once per block rather than once per row.
+Each warp takes VF_RPW rows, so every value of W it loads from shared memory serves VF_RPW
+multiply-adds; the block's warps share tiles of W (transposed) in shared memory, so W is
+read from global memory once per block rather than once per row.
 """
 from __future__ import annotations
 
 from functools import cache
 
+import numpy as np
+
 WARPS = 8
 TILE_BYTES = 16 * 1024  # shared memory for one tile of W
+ACCUMULATOR_WORDS = 64  # 32-bit registers per thread for the row accumulators
 
 SOURCE = r"""
-extern "C" __global__ void signed_and_abs(const VF_T* M, const double* WT, const double* v,
-                                          double* S, double* a, long long rows, long long cols) {
-    __shared__ double tile[VF_K * VF_TILE];
+extern "C" __global__ void signed_and_abs(const VF_T* M, const VF_ACC* WT, const VF_ACC* v,
+                                          VF_ACC* S, VF_ACC* a, long long rows, long long cols) {
+    __shared__ VF_ACC tile[VF_K * VF_TILE];
     const int lane = threadIdx.x & 31;
     const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long first = warp * VF_RPW;
-    double acc[VF_RPW][VF_K];
-    double acc_abs[VF_RPW];
+    VF_ACC acc[VF_RPW][VF_K];
+    VF_ACC acc_abs[VF_RPW];
     #pragma unroll
     for (int r = 0; r < VF_RPW; ++r) {
-        acc_abs[r] = 0.0;
+        acc_abs[r] = 0;
         #pragma unroll
-        for (int q = 0; q < VF_K; ++q) acc[r][q] = 0.0;
+        for (int q = 0; q < VF_K; ++q) acc[r][q] = 0;
     }
     for (long long j0 = 0; j0 < cols; j0 += VF_TILE) {
         const int width = (int)min((long long)VF_TILE, cols - j0);
         __syncthreads();
         for (int t = threadIdx.x; t < VF_K * VF_TILE; t += blockDim.x) {
             const int q = t / VF_TILE, jj = t - q * VF_TILE;
-            tile[t] = jj < width ? WT[q * cols + j0 + jj] : 0.0;
+            tile[t] = jj < width ? WT[q * cols + j0 + jj] : (VF_ACC)0;
         }
         __syncthreads();
         for (int jj = lane; jj < width; jj += 32) {
-            const double vj = v[j0 + jj];
+            VF_ACC m[VF_RPW];
             #pragma unroll
-            for (int r = 0; r < VF_RPW; ++r) {
-                if (first + r < rows) {
-                    const double m = (double)M[(first + r) * cols + j0 + jj];
-                    #pragma unroll
-                    for (int q = 0; q < VF_K; ++q) acc[r][q] += m * tile[q * VF_TILE + jj];
-                    acc_abs[r] += fabs(m) * vj;
-                }
+            for (int r = 0; r < VF_RPW; ++r)
+                m[r] = first + r < rows ? (VF_ACC)M[(first + r) * cols + j0 + jj] : (VF_ACC)0;
+            #pragma unroll
+            for (int q = 0; q < VF_K; ++q) {
+                const VF_ACC w = tile[q * VF_TILE + jj];
+                #pragma unroll
+                for (int r = 0; r < VF_RPW; ++r) acc[r][q] += m[r] * w;
             }
+#if VF_ABS
+            const VF_ACC vj = v[j0 + jj];
+            #pragma unroll
+            for (int r = 0; r < VF_RPW; ++r) acc_abs[r] += (m[r] < 0 ? -m[r] : m[r]) * vj;
+#endif
         }
     }
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -67,39 +76,52 @@ extern "C" __global__ void signed_and_abs(const VF_T* M, const double* WT, const
 }
 """
 
-
-def _rows_per_warp(columns: int) -> int:
-    return 1 if columns > 2 else 4
-
-
 C_TYPES = {"float32": "float", "int8": "signed char", "int16": "short", "int32": "int",
            "int64": "long long", "uint8": "unsigned char", "uint16": "unsigned short",
            "uint32": "unsigned int"}
+ACCUMULATORS = {"float32": "float", "float64": "double"}
+
+
+def rows_per_warp(columns: int, accumulator: str) -> int:
+    """As many rows as the accumulator registers allow, at most 4 (one for wide W)."""
+    words = columns * np.dtype(accumulator).itemsize // 4
+    return max(1, min(4, ACCUMULATOR_WORDS // words))
+
+
+def tile_width(columns: int, accumulator: str) -> int:
+    return max(32, (TILE_BYTES // np.dtype(accumulator).itemsize // columns) // 32 * 32)
+
+
+def options(columns: int, dtype: str, accumulator: str, with_abs: bool) -> tuple[str, ...]:
+    """The compile-time constants of one kernel variant (also used to compile it offline)."""
+    return (f"-DVF_K={columns}", f"-DVF_TILE={tile_width(columns, accumulator)}",
+            f"-DVF_RPW={rows_per_warp(columns, accumulator)}", f"-DVF_T={C_TYPES[dtype]}",
+            f"-DVF_ACC={ACCUMULATORS[accumulator]}", f"-DVF_ABS={int(with_abs)}")
 
 
 @cache
-def _kernel(columns: int, dtype: str):
+def _kernel(columns: int, dtype: str, accumulator: str, with_abs: bool):
     import cupy
 
-    tile = max(32, (TILE_BYTES // 8 // columns) // 32 * 32)
-    options = (f"-DVF_K={columns}", f"-DVF_TILE={tile}", f"-DVF_RPW={_rows_per_warp(columns)}",
-               f"-DVF_T={C_TYPES[dtype]}")
-    return cupy.RawKernel(SOURCE, "signed_and_abs", options=options)
+    return cupy.RawKernel(SOURCE, "signed_and_abs",
+                          options=options(columns, dtype, accumulator, with_abs))
 
 
-def signed_and_abs(M, W, v):
-    """(M @ W, |M| @ v) in float64 for M (rows, cols) of a type in C_TYPES, W (cols, K),
-    v (cols,)."""
+def signed_and_abs(M, W, v, accumulator):
+    """(M @ W, |M| @ v or None when v is None), both in the accumulator type (float32 or
+    float64), for M (rows, cols) of a type in C_TYPES, W (cols, K), v (cols,)."""
     import cupy
 
+    accumulator = np.dtype(accumulator).name
     M = cupy.ascontiguousarray(M)
     rows, cols = M.shape
     columns = W.shape[1]
-    WT = cupy.ascontiguousarray(W.T, dtype=cupy.float64)
-    v = cupy.ascontiguousarray(v, dtype=cupy.float64)
-    S = cupy.empty((rows, columns), cupy.float64)
-    a = cupy.empty(rows, cupy.float64)
-    blocks = -(-rows // (WARPS * _rows_per_warp(columns)))
-    _kernel(columns, M.dtype.name)((blocks,), (32 * WARPS,),
-                     (M, WT, v, S, a, cupy.int64(rows), cupy.int64(cols)))
-    return S, a
+    WT = cupy.ascontiguousarray(W.T, dtype=accumulator)
+    with_abs = v is not None
+    v = cupy.ascontiguousarray(v, dtype=accumulator) if with_abs else WT  # unread without abs
+    S = cupy.empty((rows, columns), accumulator)
+    a = cupy.empty(rows, accumulator)
+    blocks = -(-rows // (WARPS * rows_per_warp(columns, accumulator)))
+    _kernel(columns, M.dtype.name, accumulator, with_abs)(
+        (blocks,), (32 * WARPS,), (M, WT, v, S, a, cupy.int64(rows), cupy.int64(cols)))
+    return S, (a if with_abs else None)

@@ -1,8 +1,10 @@
 """Random vectors for the check, derived from a seed so that every node derives the same ones.
 
-Stream: block i of a seed's stream for a label is SHA-256(DOMAIN || len(seed) as 8 bytes
-big-endian || seed || label || i as 8 bytes big-endian); blocks are concatenated. The label
-names the vector kind and shape, so different checks never share a stream.
+Stream: the SHAKE128 output (FIPS 202, an extendable-output function) of DOMAIN || len(seed)
+as 8 bytes big-endian || seed || label; the label names the vector kind and shape, so
+different checks never share a stream. One C call gives the whole stream (about 0.3 ms for
+the 64 KiB of an 8192-long field vector, where SHA-256 in counter mode, one Python call per
+32 bytes, took about 3 ms).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import os
 
 import numpy as np
 
-DOMAIN = b"needle-net/freivalds/v1"
+DOMAIN = b"needle-net/freivalds/v2"
 P = (1 << 61) - 1  # the Mersenne prime of exact mode
 
 
@@ -31,16 +33,10 @@ def as_seed(seed: bytes | bytearray | memoryview | None) -> bytes:
     return seed
 
 
-def stream(seed: bytes, label: bytes, nbytes: int, start_block: int = 0) -> bytes:
-    """nbytes of SHA-256 counter-mode output for (seed, label), from block start_block on."""
-    prefix = hashlib.sha256(DOMAIN + len(seed).to_bytes(8, "big") + seed + label)
-    blocks = -(-nbytes // 32)
-    out = bytearray()
-    for i in range(start_block, start_block + blocks):
-        block = prefix.copy()  # the hashed prefix is reused, only the counter is new
-        block.update(i.to_bytes(8, "big"))
-        out += block.digest()
-    return bytes(out[:nbytes])
+def stream(seed: bytes, label: bytes, nbytes: int) -> bytes:
+    """The first nbytes of the stream for (seed, label); a longer request extends a shorter
+    one (an XOF's output is one infinite string)."""
+    return hashlib.shake_128(DOMAIN + len(seed).to_bytes(8, "big") + seed + label).digest(nbytes)
 
 
 def derive_seed(seed: bytes, label: bytes) -> bytes:
@@ -62,11 +58,10 @@ def field_vectors(seed: bytes, n: int, rounds: int) -> np.ndarray:
     keeps its low 61 bits; the value p itself is rejected, so the accepted words are exactly
     uniform on [0, p). Entry (t % n, t // n) is the t-th accepted word."""
     label = b"field:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
-    need, words, block = n * rounds, np.empty(0, np.uint64), 0
-    while words.size < need:
-        chunk_blocks = -(-(need - words.size + 1) // 4)  # whole blocks of 4 words
-        raw = stream(seed, label, 32 * chunk_blocks, start_block=block)
-        block += chunk_blocks
-        fresh = np.frombuffer(raw, "<u8") & np.uint64(P)
-        words = np.concatenate([words, fresh[fresh != np.uint64(P)]])
-    return words[:need].astype(np.int64).reshape(rounds, n).T.copy()
+    need, spare = n * rounds, 8
+    while True:  # a rejection has probability 2^-61: the first request nearly always suffices
+        words = np.frombuffer(stream(seed, label, 8 * (need + spare)), "<u8") & np.uint64(P)
+        words = words[words != np.uint64(P)]
+        if words.size >= need:
+            return words[:need].astype(np.int64).reshape(rounds, n).T.copy()
+        spare *= 2
