@@ -12,6 +12,7 @@ from eth.vm.forks.prague.state import PragueState
 
 from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
+from chain.interpreter import FastComputation
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
 from chain.precompile import make_freivalds_precompile
 from chain.tries import trie_root_and_nodes
@@ -42,11 +43,12 @@ class PoUWVMBase(PragueVM):
         block.block_requests.append(DEPOSIT_REQUEST_TYPE)
 
 
-def build_chain_class(store: BlobStore) -> type[Chain]:
-    """A Chain class whose VM verifies matmul results against this blob store."""
+def build_chain_class(store: BlobStore, fast_evm: bool = True) -> type[Chain]:
+    """A Chain class whose VM verifies matmul results against this blob store; its opcode
+    loop is ``chain.interpreter``'s, or stock py-evm's with ``fast_evm=False``."""
     computation = type(
         "PoUWComputation",
-        (PragueComputation,),
+        (FastComputation if fast_evm else PragueComputation,),
         {"_precompiles": {**PragueComputation.get_precompiles(),
                           FREIVALDS_ADDRESS: make_freivalds_precompile(store)}},
     )

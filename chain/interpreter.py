@@ -1,0 +1,244 @@
+"""A faster EVM loop inside py-evm: the hot opcodes inline, every other one py-evm's own.
+
+py-evm runs each opcode as an object call that charges gas through the gas meter and moves
+values through its typed ``Stack``; for the market's ~345 opcodes per ``submitJob`` that
+overhead is most of the execution time. This loop keeps the program counter and the gas in
+locals and works on the stack's list directly. The inline opcodes (stack, arithmetic,
+comparison, bitwise, jumps, memory words, call data) follow py-evm's semantics and charge the
+static gas of py-evm's own opcode table; memory expansion and every other opcode are py-evm's
+functions, called with the gas and program counter written back first and read again after.
+
+Why errors need no more care: every VM error but ``Revert`` burns all the gas of the frame,
+and ``REVERT`` is py-evm's own, so the kind of error raised here never changes an outcome.
+``tests/test_chain_fast_evm.py`` executes the same transactions through stock py-evm and
+through this loop and compares state roots, gas, logs, receipts and return data.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from eth.abc import ComputationAPI, MessageAPI, StateAPI, TransactionContextAPI
+from eth.exceptions import (
+    FullStack,
+    Halt,
+    InsufficientStack,
+    InvalidJumpDestination,
+    OutOfGas,
+)
+from eth.vm.computation import NO_RESULT
+from eth.vm.forks.prague.computation import PragueComputation
+from eth.vm.logic.invalid import InvalidOpcode
+
+UINT256_MAX = 2**256 - 1
+UINT256_CEILING = 2**256
+INT256_MAX = 2**255 - 1
+STACK_LIMIT = 1024
+
+STOP, ADD, MUL, SUB = 0x00, 0x01, 0x02, 0x03
+LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT = range(0x10, 0x1A)
+SHL, SHR = 0x1B, 0x1C
+CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE = 0x33, 0x34, 0x35, 0x36
+POP, MLOAD, MSTORE = 0x50, 0x51, 0x52
+JUMP, JUMPI = 0x56, 0x57
+JUMPDEST = 0x5B
+PUSH0, PUSH32 = 0x5F, 0x7F
+DUP1, DUP16 = 0x80, 0x8F
+SWAP1, SWAP16 = 0x90, 0x9F
+
+INLINE = frozenset([
+    STOP, ADD, MUL, SUB, LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT, SHL, SHR,
+    CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE, POP, MLOAD, MSTORE, JUMP, JUMPI, JUMPDEST,
+    *range(PUSH0, PUSH32 + 1), *range(DUP1, DUP16 + 1), *range(SWAP1, SWAP16 + 1),
+])
+
+
+@lru_cache(maxsize=1024)
+def jump_destinations(code: bytes) -> frozenset[int]:
+    """Positions of JUMPDEST opcodes that are not inside PUSH data (yellow paper 9.4.3)."""
+    valid = []
+    pc, length = 0, len(code)
+    while pc < length:
+        op = code[pc]
+        if op == JUMPDEST:
+            valid.append(pc)
+        pc += 1 + (op - PUSH0 if PUSH0 < op <= PUSH32 else 0)
+    return frozenset(valid)
+
+
+@lru_cache(maxsize=16)
+def _inline_gas(computation_class: type[ComputationAPI]) -> tuple[int, ...]:
+    """Static gas of each inline opcode from the fork's opcode table; 0 for the others
+    (py-evm's opcode functions charge their own)."""
+    table = computation_class.opcodes
+    return tuple(table[op].gas_cost if op in INLINE else 0 for op in range(256))
+
+
+def _signed(value: int) -> int:
+    return value if value <= INT256_MAX else value - UINT256_CEILING
+
+
+def execute_code(computation: ComputationAPI) -> None:
+    """Run the frame's code until it halts; VM errors propagate (the computation's
+    ``__exit__`` records them and burns the gas, exactly as for py-evm's own loop)."""
+    code = computation.msg.code
+    code_stream = computation.code
+    opcodes = computation.opcodes
+    inline_gas = _inline_gas(type(computation))
+    destinations = jump_destinations(code)
+    stack = computation._stack.values
+    push, pop = stack.append, stack.pop
+    memory = computation._memory
+    meter = computation._gas_meter
+    gas = meter.gas_remaining
+    pc, end = 0, len(code)
+    try:
+        while pc < end:
+            op = code[pc]
+            pc += 1
+            cost = inline_gas[op]
+            if cost > gas:
+                raise OutOfGas(f"Out of gas: needed {cost}, remaining {gas} (opcode {op:#x})")
+            gas -= cost
+            if PUSH0 <= op <= PUSH32:
+                size = op - PUSH0
+                if len(stack) >= STACK_LIMIT:
+                    raise FullStack("Stack limit reached")
+                # (a PUSH cut short by the end of the code is the last instruction: the
+                # missing bytes are never read)
+                push(int.from_bytes(code[pc:pc + size], "big"))
+                pc += size
+            elif DUP1 <= op <= DUP16:
+                if len(stack) >= STACK_LIMIT:
+                    raise FullStack("Stack limit reached")
+                push(stack[DUP1 - 1 - op])
+            elif SWAP1 <= op <= SWAP16:
+                other = SWAP1 - 2 - op
+                stack[-1], stack[other] = stack[other], stack[-1]
+            elif op == MLOAD:
+                start = pop()
+                if start + 32 > len(memory._bytes):
+                    meter.gas_remaining = gas
+                    computation.extend_memory(start, 32)
+                    gas = meter.gas_remaining
+                push(int.from_bytes(memory._bytes[start:start + 32], "big"))
+            elif op == MSTORE:
+                start, value = pop(), pop()
+                if start + 32 > len(memory._bytes):
+                    meter.gas_remaining = gas
+                    computation.extend_memory(start, 32)
+                    gas = meter.gas_remaining
+                memory._bytes[start:start + 32] = value.to_bytes(32, "big")
+            elif op == JUMPI:
+                dest, condition = pop(), pop()
+                if condition:
+                    if dest not in destinations:
+                        raise InvalidJumpDestination("Invalid Jump Destination")
+                    pc = dest
+            elif op == JUMP:
+                dest = pop()
+                if dest not in destinations:
+                    raise InvalidJumpDestination("Invalid Jump Destination")
+                pc = dest
+            elif op == JUMPDEST:
+                pass
+            elif op == POP:
+                pop()
+            elif op == ISZERO:
+                push(0 if pop() else 1)
+            elif op == OR:
+                push(pop() | pop())
+            elif op == AND:
+                push(pop() & pop())
+            elif op == XOR:
+                push(pop() ^ pop())
+            elif op == NOT:
+                push(UINT256_MAX ^ pop())
+            elif op == SHL:
+                shift, value = pop(), pop()
+                push((value << shift) & UINT256_MAX if shift < 256 else 0)
+            elif op == SHR:
+                shift, value = pop(), pop()
+                push(value >> shift if shift < 256 else 0)
+            elif op == ADD:
+                push((pop() + pop()) & UINT256_MAX)
+            elif op == SUB:
+                left, right = pop(), pop()
+                push((left - right) & UINT256_MAX)
+            elif op == MUL:
+                push((pop() * pop()) & UINT256_MAX)
+            elif op == LT:
+                left, right = pop(), pop()
+                push(1 if left < right else 0)
+            elif op == GT:
+                left, right = pop(), pop()
+                push(1 if left > right else 0)
+            elif op == SLT:
+                left, right = pop(), pop()
+                push(1 if _signed(left) < _signed(right) else 0)
+            elif op == SGT:
+                left, right = pop(), pop()
+                push(1 if _signed(left) > _signed(right) else 0)
+            elif op == EQ:
+                push(1 if pop() == pop() else 0)
+            elif op == CALLDATALOAD:
+                start = pop()
+                push(int.from_bytes(computation.msg.data_as_bytes[start:start + 32]
+                                    .ljust(32, b"\0"), "big"))
+            elif op == CALLVALUE:
+                if len(stack) >= STACK_LIMIT:
+                    raise FullStack("Stack limit reached")
+                push(computation.msg.value)
+            elif op == CALLER:
+                if len(stack) >= STACK_LIMIT:
+                    raise FullStack("Stack limit reached")
+                push(int.from_bytes(computation.msg.sender, "big"))
+            elif op == CALLDATASIZE:
+                if len(stack) >= STACK_LIMIT:
+                    raise FullStack("Stack limit reached")
+                push(len(computation.msg.data_as_bytes))
+            elif op == STOP:
+                break
+            else:  # py-evm's own opcode function charges its gas and may move the pc
+                meter.gas_remaining = gas
+                code_stream.program_counter = pc
+                try:
+                    opcodes.get(op, InvalidOpcode(op))(computation=computation)
+                except Halt:
+                    return
+                gas = meter.gas_remaining
+                pc = code_stream.program_counter
+                if stack and isinstance(stack[-1], bytes):  # py-evm may push bytes
+                    stack[-1] = int.from_bytes(stack[-1], "big")
+    except IndexError as exc:  # a pop or DUP/SWAP below the bottom of the stack
+        raise InsufficientStack(f"stack underflow at pc {pc - 1}") from exc
+    meter.gas_remaining = gas
+
+
+class FastComputation(PragueComputation):
+    """Prague's computation with ``execute_code`` as its opcode loop."""
+
+    @classmethod
+    def apply_computation(
+        cls,
+        state: StateAPI,
+        message: MessageAPI,
+        transaction_context: TransactionContextAPI,
+        parent_computation: ComputationAPI | None = None,
+    ) -> ComputationAPI:
+        # the same frame set-up as py-evm's BaseComputation.apply_computation
+        with cls(state, message, transaction_context) as computation:
+            if computation.is_origin_computation:
+                computation.contracts_created = []
+                if message.is_create:
+                    cls.consume_initcode_gas_cost(computation)
+            if parent_computation is not None:
+                computation.contracts_created = parent_computation.contracts_created
+            if message.is_create:
+                computation.contracts_created.append(message.storage_address)
+            precompile = computation.precompiles.get(message.code_address, NO_RESULT)
+            if precompile is not NO_RESULT:
+                if not message.is_delegation:
+                    precompile(computation)
+                return computation
+            execute_code(computation)
+        return computation
