@@ -1,8 +1,8 @@
 """The chain node: admits signed transactions to a mempool and seals blocks.
 
 One lock guards the py-evm chain. A producer thread seals a block as soon as
-transactions are pending (``seal_on_pending``; it first keeps gathering while more
-arrive, up to ``gather_s``) and at least every ``block_time`` seconds; each sealed
+transactions are pending (``seal_on_pending``; under load it first keeps gathering while
+more arrive, up to ``gather_s``) and at least every ``block_time`` seconds; each sealed
 block is flushed to sqlite in one transaction.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from chain.vm import build_chain_class
 log = logging.getLogger(__name__)
 
 MAX_FUTURE_NONCES = 1024
+ADMISSION_POLL_S = 0.0005
 BLOB_TX_TYPE = 3
 
 
@@ -45,9 +46,13 @@ class NodeConfig:
     seal_on_pending: bool = True
     max_block_txs: int = 5000
     # once transactions are pending, keep gathering while more keep arriving (at most
-    # gather_s): a block's fixed cost (tries, persist, flush) is then shared by many
+    # gather_s): a block's fixed cost (tries, persist, flush) is then shared by many.
+    # A lone pending transaction (an idle node: a job's next step) is sealed as soon as no
+    # other admission is in progress (a batch request's next transaction, say); gathering
+    # starts from gather_min_txs pending, i.e. under load.
     gather_s: float = 0.25
     quiet_s: float = 0.02
+    gather_min_txs: int = 2
     max_blob_bytes: int = 256 * 2**20
 
 
@@ -105,10 +110,19 @@ class Node:
         self._thread: threading.Thread | None = None
         self._view = None
         self._head = self.chain.get_canonical_head()
+        self.new_head = threading.Condition()  # notified after every sealed block
+        self._admitting = 0  # admissions in progress (read by the producer)
+        self._admissions = threading.Lock()
 
     # --- state ---------------------------------------------------------------------------------
     def head(self):
         return self._head
+
+    def wait_for_block(self, number: int, timeout: float) -> int:
+        """Block until the head is at least `number` (or `timeout` seconds pass); the head."""
+        with self.new_head:
+            self.new_head.wait_for(lambda: self._head.block_number >= number, timeout)
+        return self._head.block_number
 
     def _admission_view(self):
         """(head, state, next base fee), rebuilt once per head: admission reads it many times."""
@@ -157,6 +171,15 @@ class Node:
 
     def admit(self, raw: bytes) -> bytes:
         """Validate a signed raw transaction against the head state and queue it."""
+        with self._admissions:
+            self._admitting += 1
+        try:
+            return self._admit(raw)
+        finally:
+            with self._admissions:
+                self._admitting -= 1
+
+    def _admit(self, raw: bytes) -> bytes:
         tx = self.decode_transaction(raw)
         with self.lock:
             if tx.hash in self.mempool.by_hash:
@@ -247,12 +270,18 @@ class Node:
                 raise
             for tx in included:
                 self.mempool.remove(tx)
+        with self.new_head:
+            self.new_head.notify_all()
         return sealed
 
     def _gather(self) -> None:
         deadline = time.monotonic() + self.config.gather_s
+        while self._admitting and len(self.mempool) < self.config.gather_min_txs and \
+                time.monotonic() < deadline:
+            time.sleep(ADMISSION_POLL_S)
         size = len(self.mempool)
-        while time.monotonic() < deadline and 0 < size < self.config.max_block_txs:
+        while time.monotonic() < deadline and \
+                self.config.gather_min_txs <= size < self.config.max_block_txs:
             time.sleep(self.config.quiet_s)
             grown = len(self.mempool)
             if grown == size:
