@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import numpy as np
 from eth_account import Account
 from web3 import Web3
-from web3.exceptions import ContractLogicError
+from web3.exceptions import ContractLogicError, TransactionNotFound
 
 from chain.blobhttp import BlobClient
 from chain.blobs import decode_array, parse_id
+
+FEE_REFRESH_S = 2.0
+POLL_S = 0.05
 
 
 class TransactionReverted(RuntimeError):
@@ -35,6 +39,8 @@ class ChainClient:
                                 max_blob_bytes, timeout)
         self.timeout = timeout
         self._nonce: int | None = None
+        self._fee: tuple[float, int] | None = None
+        self._long_poll = True
         self._lock = threading.Lock()
 
     @property
@@ -54,7 +60,7 @@ class ChainClient:
             "from": self.account.address,
             "value": value,
             "chainId": self.chain_id,
-            "maxFeePerGas": self.w3.eth.gas_price * 2,
+            "maxFeePerGas": self._max_fee(),
             "maxPriorityFeePerGas": 0,
         }
         if gas is not None:
@@ -67,6 +73,49 @@ class ChainClient:
             tx["nonce"] = self._next_nonce()
         return self.account.sign_transaction(tx).raw_transaction
 
+    def _max_fee(self) -> int:
+        """Twice the node's gas price, asked at most every FEE_REFRESH_S: the base fee moves
+        by at most 1/8 per block, so the margin covers several blocks."""
+        now = time.monotonic()
+        if self._fee is None or now - self._fee[0] > FEE_REFRESH_S:
+            self._fee = (now, self.w3.eth.gas_price * 2)
+        return self._fee[1]
+
+    def wait_for_block(self, number: int, timeout: float) -> int:
+        """Wait until block `number` is sealed or `timeout` seconds pass; returns the head.
+        Uses the node's long poll (GET /wait) where it has one, else polls."""
+        if self._long_poll:
+            response = self.http.get(f"{self.url}/wait", params={"block": number,
+                                                                 "timeout": timeout},
+                                     timeout=timeout + 30)
+            if response.status_code != 404:
+                return int(response.raise_for_status().json()["head"])
+            self._long_poll = False  # another EVM node: fall back to polling
+        end = time.monotonic() + timeout
+        while (head := self.w3.eth.block_number) < number and time.monotonic() < end:
+            time.sleep(POLL_S)
+        return head
+
+    def wait_for_receipt(self, tx_hash: bytes):
+        """The receipt of a sent transaction, waiting block by block (TimeoutError after
+        self.timeout seconds)."""
+        end = time.monotonic() + self.timeout
+        head = self.w3.eth.block_number
+        while True:
+            receipt = self._receipt(tx_hash)
+            if receipt is not None:
+                return receipt
+            if time.monotonic() > end:
+                raise TimeoutError(f"transaction 0x{tx_hash.hex()} not mined after "
+                                   f"{self.timeout:.0f}s")
+            head = self.wait_for_block(head + 1, max(0.0, end - time.monotonic()))
+
+    def _receipt(self, tx_hash: bytes):
+        try:
+            return self.w3.eth.get_transaction_receipt(tx_hash)
+        except TransactionNotFound:
+            return None
+
     def send(self, fn_call, value: int = 0, gas: int | None = None):
         """Sign, send and wait for a contract call; raises TransactionReverted on status 0."""
         raw = self.sign(fn_call, value=value, gas=gas)
@@ -74,13 +123,25 @@ class ChainClient:
             tx_hash = self.w3.eth.send_raw_transaction(raw)
         except Exception:
             self._nonce = None  # resynchronise with the node on the next call
+            self._fee = None
             raise
-        receipt = self.w3.eth.wait_for_transaction_receipt(
-            tx_hash, timeout=self.timeout, poll_latency=0.05
-        )
+        receipt = self.wait_for_receipt(tx_hash)
         if receipt["status"] != 1:
-            raise TransactionReverted(f"{fn_call.fn_name} reverted in tx {tx_hash.hex()}")
+            raise TransactionReverted(f"{fn_call.fn_name} reverted in tx 0x{tx_hash.hex()}"
+                                      f"{self._revert_reason(fn_call, value, receipt)}")
         return receipt
+
+    def _revert_reason(self, fn_call, value: int, receipt) -> str:
+        """Why a mined transaction reverted: the call replayed on the state before its block
+        (a transaction sent with fixed gas skipped the estimate that would have said)."""
+        try:
+            fn_call.call({"from": self.account.address, "value": value},
+                         block_identifier=receipt["blockNumber"] - 1)
+        except ContractLogicError as exc:
+            return f": {exc}"
+        except Exception:  # noqa: BLE001 - the reason is a courtesy; the revert stands
+            return ""
+        return " (out of gas, or the state changed within its block)"
 
     def events(self, receipt, name: str) -> list:
         """Decoded events called ``name`` emitted by the market in a receipt."""

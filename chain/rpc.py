@@ -7,6 +7,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+import anyio
 import rlp
 from eth._utils.address import generate_contract_address
 from eth.exceptions import Revert, TransactionNotFound
@@ -512,5 +513,14 @@ def create_app(node: Node) -> FastAPI:
             "head": node.head().block_number,
         }
 
+    @app.get("/wait")
+    async def wait(block: int, timeout: float = 10.0) -> dict:
+        """Long poll: answers once block `block` is sealed (or after `timeout` seconds, at most
+        60) with the head, so clients follow the chain without polling it."""
+        head = await anyio.to_thread.run_sync(
+            node.wait_for_block, block, min(max(timeout, 0.0), 60.0), limiter=waiters)
+        return {"head": head}
+
+    waiters = anyio.CapacityLimiter(256)  # long polls do not take the JSON-RPC threads
     app.mount("/blobs", BlobApp(node.blobs))  # raw ASGI: bulk bytes skip FastAPI
     return app

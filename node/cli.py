@@ -99,7 +99,8 @@ def worker_up(
     min_fee: Annotated[float, typer.Option(help="Ignore jobs paying less (ETH).")] = 0.0,
     max_flops: Annotated[float, typer.Option(help="Largest job accepted (FLOPs).")] = 2 * 4096**3,
     max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.")] = 8,
-    poll_interval: Annotated[float, typer.Option(help="Seconds between chain polls.")] = 0.1,
+    poll_interval: Annotated[float, typer.Option(
+        help="Longest wait for a new block (the node pushes it) before polling anyway.")] = 1.0,
     api_host: Annotated[str, typer.Option(help="HTTP API address.")] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="HTTP API port (dashboard at /).")] = 8600,
     admin_token_file: Annotated[Path | None, typer.Option(

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from eth_account import Account
 
-from node.market import DEFAULT_MAX_BLOB_BYTES, UPLOAD_THREADS, Market, TxReverted
+from node.market import (
+    DEFAULT_MAX_BLOB_BYTES,
+    UPLOAD_THREADS,
+    Market,
+    TxReverted,
+    submit_jobs_gas,
+)
 
 STAGES = ("submitted", "claimed", "committed", "verified", "paid")
 DEFAULT_FEE_WEI = 10**15
@@ -100,7 +106,7 @@ class JobClient:
         local_check: bool = True,
         progress: bool = False,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
-        poll_interval: float = 0.05,
+        poll_interval: float = 1.0,
     ) -> None:
         account = default_key() if key is None else key
         if not hasattr(account, "key"):
@@ -149,8 +155,8 @@ class JobClient:
                 for (a_id, b_id), shape, p in zip(ids, shapes, precisions, strict=True)]
         columns = [list(column) for column in zip(*rows, strict=True)]
         try:
-            receipt = self.market.send(
-                "submitJobs", *columns, self.timeout_blocks,
+            receipt = self.market.send_with_gas(
+                submit_jobs_gas(len(pairs)), "submitJobs", *columns, self.timeout_blocks,
                 value=self.fee_wei * len(pairs),
             )
         except Exception as err:
@@ -188,7 +194,7 @@ class JobClient:
                         stuck.stage, f"timed out after {self.timeout:.0f}s; the job is still "
                         f"{stuck.stage} (no worker moved it on)", stuck.job_id)
                 if any(p.result is None for p in pending):
-                    time.sleep(self.poll_interval)
+                    self.market.wait_for_block(self._next_block, self.poll_interval)
         finally:
             if display:
                 display.close()

@@ -24,7 +24,11 @@ STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
 PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
 DEFAULT_MAX_BLOB_BYTES = 1 << 30
 VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS
-COMMIT_GAS = 200_000
+# Fixed gas limits for the job lifecycle (no estimate round trip; measured use in
+# docs/protocol.md, with margin): a revert then costs only the gas used.
+CLAIM_GAS = 150_000  # measured: 87k
+COMMIT_GAS = 200_000  # measured: 60k
+FINALIZE_JOBS_GAS = 100_000  # plus finalize_gas(job) per job
 ZERO_ADDRESS = "0x" + "00" * 20
 UPLOAD_THREADS = 8
 
@@ -64,6 +68,17 @@ class Verdict:
     fee_wei: int = 0
     flops: int = 0
     slashed_wei: int = 0
+    cancelled: bool = False  # the operands were rejected: fee refunded, nobody slashed
+
+
+def commit_jobs_gas(count: int) -> int:
+    """Gas for `commitJobs` of `count` jobs."""
+    return 100_000 + 100_000 * count  # measured: 50k + 62k per job
+
+
+def submit_jobs_gas(count: int) -> int:
+    """Gas for `submitJobs` of `count` jobs."""
+    return 150_000 + 150_000 * count  # measured: 82k + 97k per job
 
 
 def finalize_gas(job: Job) -> int:
@@ -128,13 +143,22 @@ class Market:
     def job_count(self) -> int:
         return self.contract.functions.jobCount().call()
 
-    def new_jobs(self, from_block: int, to_block: int) -> dict[int, Job | None]:
-        """Jobs submitted or reopened in [from_block, to_block], oldest first: the Job as
-        submitted (from its event, no extra call), or None where it must be looked up."""
+    def wait_for_block(self, number: int, timeout: float) -> int:
+        """Wait (long poll) until block `number` exists or `timeout` seconds pass; the head."""
+        return self.client.wait_for_block(number, timeout)
+
+    def new_jobs(self, from_block: int, to_block: int) -> tuple[dict[int, Job | None], set[int]]:
+        """(jobs open after [from_block, to_block], jobs claimed in it). An open job is the
+        Job as submitted (from its event, no extra call), or None where it must be looked
+        up; oldest first."""
         found: dict[int, Job | None] = {}
+        taken: set[int] = set()
         for event in self.logs(from_block, to_block):
             args = event["args"]
-            if event["event"] == "JobSubmitted":
+            if event["event"] == "JobClaimed":
+                found.pop(args["jobId"], None)
+                taken.add(args["jobId"])
+            elif event["event"] == "JobSubmitted":
                 found[args["jobId"]] = Job(
                     args["jobId"], args["submitter"], ZERO_ADDRESS, JOB_OPEN, args["aId"],
                     args["bId"], b"\0" * 32, args["batch"], args["m"], args["k"], args["n"],
@@ -142,7 +166,8 @@ class Market:
             elif event["event"] == "JobReopened":
                 found.pop(args["jobId"], None)
                 found[args["jobId"]] = None
-        return found
+                taken.discard(args["jobId"])
+        return found, taken
 
     def claimed_by(self, worker: str) -> set[int]:
         """Ids of every job `worker` ever claimed."""
@@ -160,6 +185,26 @@ class Market:
     def events_in(self, receipt, name: str) -> list[dict]:
         return [e["args"] for e in getattr(self.contract.events, name)().process_receipt(
             receipt, errors=DISCARD)]
+
+    def verdicts_in(self, receipt) -> dict[int, Verdict]:
+        """The verdicts a finalize or finalizeJobs transaction reached, by job id."""
+        verdicts: dict[int, Verdict] = {}
+        for event in self.logs_in(receipt):
+            args = event["args"]
+            if event["event"] == "JobVerified":
+                verdicts[args["jobId"]] = Verdict(True, fee_wei=args["fee"], flops=args["flops"])
+            elif event["event"] == "JobFailed":
+                verdicts[args["jobId"]] = Verdict(False, slashed_wei=args["slashed"])
+            elif event["event"] == "JobCancelled":
+                verdicts[args["jobId"]] = Verdict(False, cancelled=True)
+        return verdicts
+
+    def logs_in(self, receipt) -> list:
+        """Every market event in a receipt, decoded, in log order."""
+        return [self._events_by_topic[bytes(log["topics"][0])].process_log(log)
+                for log in receipt["logs"]
+                if log["address"] == self.contract.address and log["topics"]
+                and bytes(log["topics"][0]) in self._events_by_topic]
 
     def verdict(self, job_id: int, worker: str, from_block: int = 0) -> Verdict | None:
         """How the latest finalisation of `worker`'s result for `job_id` went, if it happened."""

@@ -23,7 +23,9 @@ from eth_account.signers.local import LocalAccount
 
 from node import compute
 from node.market import (
+    CLAIM_GAS,
     COMMIT_GAS,
+    FINALIZE_JOBS_GAS,
     JOB_CLAIMED,
     JOB_COMMITTED,
     JOB_OPEN,
@@ -31,6 +33,8 @@ from node.market import (
     Job,
     Market,
     TxReverted,
+    Verdict,
+    commit_jobs_gas,
     finalize_gas,
     is_transient,
 )
@@ -50,7 +54,9 @@ class WorkerConfig:
     max_flops: int = 2 * 4096**3
     max_operand_bytes: int = 1 << 30
     max_in_flight: int = 8
-    poll_interval: float = 0.1
+    poll_interval: float = 1.0  # longest wait for a new block (a long poll) before polling anyway
+    direct_commit_flops: int = 2 * 512**3  # smaller jobs: computed first, claimed + committed
+    max_batch_jobs: int = 32  # small jobs taken per new block, committed in one transaction
     finalize_timeout: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int | None = None
@@ -99,6 +105,7 @@ class Worker:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="job")
         self._candidates: dict[int, Job | None] = {}
+        self._tasks = 0  # claimed jobs and batches of small jobs on the pool
         self._stake_wei = 0
         self._balance_wei = 0
         self._head = 0
@@ -191,12 +198,12 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     self._poll()
+                    self.chain.wait_for_block(self._next_block, self.config.poll_interval)
                 except Exception as err:  # noqa: BLE001 - the loop must survive a bad poll
                     if not is_transient(err):
                         log.exception("poll failed")
                     self.metrics.chain_errors.inc()
                     self._stop.wait(1.0)
-                self._stop.wait(self.config.poll_interval)
         finally:
             log.info("stopping: finishing %d job(s) in flight", self.status()["in_flight"])
             self._pool.shutdown(wait=True)
@@ -246,6 +253,7 @@ class Worker:
                 continue
             log.info("resuming job %d (%s)", record.job_id, record.stage)
             self.metrics.in_flight.inc()
+            self._tasks += 1
             start = "finalize" if job.status == JOB_COMMITTED else "compute"
             self._pool.submit(self._process, record, job, start)
 
@@ -253,7 +261,10 @@ class Worker:
         head = self.chain.block_number()
         self._head = head
         if head >= self._next_block:
-            new = list(self.chain.new_jobs(self._next_block, head).items())
+            opened, taken = self.chain.new_jobs(self._next_block, head)
+            for job_id in taken:
+                self._candidates.pop(job_id, None)
+            new = list(opened.items())
             self._rng.shuffle(new)  # workers seeing the same jobs then rarely race for one
             self._candidates.update(new)
             self._next_block = head + 1
@@ -263,13 +274,27 @@ class Worker:
             self._balance_wei = self.chain.balance_of(self.address)
             self.metrics.stake.set(self._stake_wei)
             self._account_refreshed = time.time()
+        small: list[Job] = []
         for job_id in list(self._candidates):
-            busy = self.status()["in_flight"] >= self.config.max_in_flight
+            busy = self._tasks + bool(small) >= self.config.max_in_flight
             if busy or self._stop.is_set() or self._withdrawing:
                 break
             job = self._candidates.pop(job_id) or self.chain.job(job_id)
-            if job.status == JOB_OPEN and self._acceptable(job):
+            if job.status != JOB_OPEN or not self._acceptable(job):
+                continue
+            if self._is_small(job):
+                small.append(job)
+                if len(small) == self.config.max_batch_jobs:
+                    break  # one batch per block: the rest stays for other workers and later
+            else:
                 self._claim(job)
+        if small:
+            self._start_batch(small)
+
+    def _is_small(self, job: Job) -> bool:
+        """Worth computing before claiming: fast enough that a lost race wastes little."""
+        flops = 2 * job.batch * job.m * job.k * job.n
+        return flops <= self.config.direct_commit_flops and not self.config.stall_after_claim
 
     def _acceptable(self, job: Job) -> bool:
         flops = 2 * job.batch * job.m * job.k * job.n
@@ -287,12 +312,22 @@ class Worker:
         record = JobRecord(job.job_id, job.batch, job.m, job.k, job.n, job.fee_wei)
         with self._lock:
             self.jobs.append(record)
+            self._tasks += 1
         self.metrics.in_flight.inc()
         self._pool.submit(self._process, record, job, "claim")
 
+    def _start_batch(self, jobs: list[Job]) -> None:
+        records = [JobRecord(j.job_id, j.batch, j.m, j.k, j.n, j.fee_wei, "computing")
+                   for j in jobs]
+        with self._lock:
+            self.jobs.extend(records)
+            self._tasks += 1
+        self.metrics.in_flight.inc(len(records))
+        self._pool.submit(self._process_batch, records, jobs)
+
     def _try_claim(self, record: JobRecord) -> bool:
         try:
-            self._retry(self.chain.send, "claimJob", record.job_id)
+            self._retry(self.chain.send_with_gas, CLAIM_GAS, "claimJob", record.job_id)
         except TxReverted as err:
             log.info("claim of job %d lost: %s", record.job_id, err)
             with self._lock:
@@ -319,9 +354,82 @@ class Worker:
             self._set_stage(record, "error", f"{type(err).__name__}: {err}")
             self.metrics.jobs.labels("error").inc()
         finally:
-            self.metrics.in_flight.dec()
-            if record.stage in FINISHED:
-                self.metrics.stage_latency.labels("total").observe(record.seconds)
+            self._done(record)
+            with self._lock:
+                self._tasks -= 1
+
+    def _done(self, record: JobRecord) -> None:
+        self.metrics.in_flight.dec()
+        if record.stage in FINISHED:
+            self.metrics.stage_latency.labels("total").observe(record.seconds)
+
+    def _process_batch(self, records: list[JobRecord], jobs: list[Job]) -> None:
+        """Small jobs: compute each, then claim and commit them all in one transaction
+        (jobs another worker took first are skipped) and finalise them in one more."""
+        try:
+            ready, c_ids = [], []
+            for record, job in zip(records, jobs, strict=True):
+                try:
+                    c_ids.append(self._compute(job))
+                    ready.append((record, job))
+                except Exception as err:  # noqa: BLE001 - not committed: skip, lose nothing
+                    log.warning("job %d skipped: %s", job.job_id, err)
+                    self._set_stage(record, "error", f"{type(err).__name__}: {err}")
+            if not ready:
+                return
+            t0 = time.perf_counter()
+            receipt = self._retry(self.chain.send_with_gas, commit_jobs_gas(len(ready)),
+                                  "commitJobs", [j.job_id for _, j in ready], c_ids)
+            self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t0)
+            ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
+                    if e["worker"] == self.address}
+            with self._lock:  # a job another worker committed first was never ours
+                self.jobs = [r for r in self.jobs if r not in records
+                             or r.job_id in ours or r.stage in FINISHED]
+            committed = [(r, j) for r, j in ready if j.job_id in ours]
+            for record, _ in committed:
+                record.stage = "committed"
+            self.metrics.jobs.labels("committed").inc(len(committed))
+            if committed:
+                self._finalize_all(committed, receipt["blockNumber"])
+        except TxReverted as err:
+            log.warning("batch commit reverted: %s", err)
+            for record in records:
+                if record.stage not in FINISHED:
+                    self._set_stage(record, "lost", str(err))
+        except Exception as err:  # noqa: BLE001 - one bad batch must not kill the node
+            log.exception("batch of %d jobs failed", len(records))
+            for record in records:
+                if record.stage not in FINISHED:
+                    self._set_stage(record, "error", f"{type(err).__name__}: {err}")
+        finally:
+            for record in records:
+                self._done(record)
+            with self._lock:
+                self._tasks -= 1
+
+    def _compute(self, job: Job) -> bytes:
+        """Fetch A and B, compute C and upload it; returns C's id."""
+        a = self._retry(self.chain.get_array, job.a_id)
+        b = self._retry(self.chain.get_array, job.b_id)
+        c = compute.matmul(a, b, self.device)
+        if self.config.corrupt_results:
+            c = compute.corrupt(c, self._rng)
+        return self._retry(self.chain.put_array, c)
+
+    def _finalize_all(self, committed: list[tuple[JobRecord, Job]], commit_block: int) -> None:
+        """One finalizeJobs transaction (it lands in the next block, the first one allowed);
+        verdicts come from its receipt, or from the chain for jobs someone else finalised."""
+        t0 = time.perf_counter()
+        ids = [j.job_id for _, j in committed]
+        gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in committed)
+        receipt = self._retry(self.chain.send_with_gas, gas, "finalizeJobs", ids)
+        self.metrics.stage_latency.labels("finalize").observe(time.perf_counter() - t0)
+        verdicts = self.chain.verdicts_in(receipt)
+        for record, job in committed:
+            verdict = verdicts.get(job.job_id) or self._retry(
+                self.chain.verdict, job.job_id, self.address, commit_block)
+            self._record_verdict(record, verdict)
 
     def _compute_and_commit(self, record: JobRecord, job: Job) -> None:
         t0 = time.perf_counter()
@@ -349,19 +457,27 @@ class Worker:
         """Finalise (someone else may beat us to it) and record the verdict."""
         t0 = time.perf_counter()
         deadline = time.time() + self.config.finalize_timeout
+        verdict, commit_block = None, 0
         while time.time() < deadline:
             current = self._retry(self.chain.job, job.job_id)
+            commit_block = current.commit_block or commit_block
             if current.status != JOB_COMMITTED or current.worker != self.address:
                 break
             try:
                 # Fixed gas, no estimate: sent right after the commit, the transaction lands
                 # in the next block, the first one where finalising is allowed.
-                self._retry(self.chain.send_with_gas, finalize_gas(job), "finalize", job.job_id)
+                receipt = self._retry(self.chain.send_with_gas, finalize_gas(job), "finalize",
+                                      job.job_id)
+                verdict = self.chain.verdicts_in(receipt).get(job.job_id)
                 break
             except TxReverted:
-                time.sleep(self.config.poll_interval)
+                self.chain.wait_for_block(self.chain.block_number() + 1, 1.0)
         self.metrics.stage_latency.labels("finalize").observe(time.perf_counter() - t0)
-        verdict = self._retry(self.chain.verdict, job.job_id, self.address)
+        if verdict is None:  # finalised by someone else, or not at all
+            verdict = self._retry(self.chain.verdict, job.job_id, self.address, commit_block)
+        self._record_verdict(record, verdict)
+
+    def _record_verdict(self, record: JobRecord, verdict: Verdict | None) -> None:
         if verdict is None:
             self._set_stage(record, "lost", "not finalised in time")
             self.metrics.jobs.labels("lost").inc()
@@ -371,6 +487,9 @@ class Worker:
             self.metrics.verifications.labels("pass").inc()
             self.metrics.flops.inc(verdict.flops)
             self.metrics.earned.inc(verdict.fee_wei)
+        elif verdict.cancelled:
+            self._set_stage(record, "lost", "operands rejected: fee refunded to the submitter")
+            self.metrics.jobs.labels("lost").inc()
         else:
             self._set_stage(record, "failed", f"slashed {verdict.slashed_wei} wei")
             self.metrics.jobs.labels("failed").inc()

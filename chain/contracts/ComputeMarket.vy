@@ -341,6 +341,36 @@ def commitResult(jobId: uint256, cId: bytes32):
     log ResultCommitted(jobId=jobId, worker=msg.sender, cId=cId)
 
 
+@external
+def commitJobs(
+    jobIds: DynArray[uint256, MAX_BATCH_JOBS], cIds: DynArray[bytes32, MAX_BATCH_JOBS]
+) -> uint256:
+    """Claim and commit open jobs in one step, for a worker that computed them before
+    claiming (small jobs: one transaction instead of two). A job that is no longer open
+    (another worker was first) is skipped; returns how many were committed. The commit is
+    the same as commitResult's: same stake rules, finalized from the next block on."""
+    assert len(cIds) == len(jobIds), "length mismatch"
+    w: Worker = self.workers[msg.sender]
+    assert w.stake >= MIN_STAKE, "worker stake below minStake"
+    assert w.withdrawBlock == 0, "worker is withdrawing"
+    committed: uint256 = 0
+    for i: uint256 in range(len(jobIds), bound=MAX_BATCH_JOBS):
+        j: Job = self._load(jobIds[i])
+        if j.status != OPEN:
+            continue
+        j.status = COMMITTED
+        j.deadline = block.number
+        j.commitBlock = block.number
+        self._storeMeta(jobIds[i], j)
+        self.jobs[jobIds[i]].worker = msg.sender
+        self.jobs[jobIds[i]].cId = cIds[i]
+        committed += 1
+        log JobClaimed(jobId=jobIds[i], worker=msg.sender, deadline=block.number)
+        log ResultCommitted(jobId=jobIds[i], worker=msg.sender, cId=cIds[i])
+    self.workers[msg.sender].activeClaims = w.activeClaims + committed
+    return committed
+
+
 @internal
 def _reopen(jobId: uint256, j: Job):
     j.status = OPEN
@@ -366,13 +396,8 @@ def _slash(worker: address, bps: uint256, submitter: address) -> uint256:
     return amount
 
 
-@external
-def finalize(jobId: uint256):
-    """Verify a committed result with the Freivalds precompile; pay or slash."""
-    j: Job = self._load(jobId)
-    assert j.status == COMMITTED, "job not committed"
-    assert block.number > j.commitBlock, "finalize must wait one block after the commit"
-    assert block.number <= j.commitBlock + BLOCKHASH_WINDOW, "commit too old; reopenExpired"
+@internal
+def _finalize(jobId: uint256, j: Job):
     seed: bytes32 = keccak256(concat(blockhash(j.commitBlock), convert(jobId, bytes32)))
     payload: Bytes[320] = abi_encode(
         j.aId, j.bId, j.cId, j.batch, j.m, j.k, j.n, j.precision, VERIFY_ROUNDS, seed
@@ -399,6 +424,32 @@ def finalize(jobId: uint256):
         slashed: uint256 = self._slash(j.worker, FAIL_SLASH_BPS, j.submitter)
         log JobFailed(jobId=jobId, worker=j.worker, slashed=slashed)
         self._reopen(jobId, j)
+
+
+@external
+def finalize(jobId: uint256):
+    """Verify a committed result with the Freivalds precompile; pay or slash."""
+    j: Job = self._load(jobId)
+    assert j.status == COMMITTED, "job not committed"
+    assert block.number > j.commitBlock, "finalize must wait one block after the commit"
+    assert block.number <= j.commitBlock + BLOCKHASH_WINDOW, "commit too old; reopenExpired"
+    self._finalize(jobId, j)
+
+
+@external
+def finalizeJobs(jobIds: DynArray[uint256, MAX_BATCH_JOBS]) -> uint256:
+    """finalize for many jobs in one transaction; a job that cannot be finalized now (not
+    committed, already finalized by someone else, committed in this block, or too old) is
+    skipped. Returns how many were finalized."""
+    done: uint256 = 0
+    for jobId: uint256 in jobIds:
+        j: Job = self._load(jobId)
+        if j.status != COMMITTED or block.number <= j.commitBlock \
+                or block.number > j.commitBlock + BLOCKHASH_WINDOW:
+            continue
+        self._finalize(jobId, j)
+        done += 1
+    return done
 
 
 @external
