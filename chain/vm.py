@@ -15,6 +15,7 @@ from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verifie
 from chain.interpreter import FastComputation
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
 from chain.precompile import make_freivalds_precompile
+from chain.storage import BatchedAccountDB
 from chain.tries import trie_root_and_nodes
 
 # py-evm looks its block-trie builder up as a module global when it builds, validates and
@@ -43,16 +44,20 @@ class PoUWVMBase(PragueVM):
         block.block_requests.append(DEPOSIT_REQUEST_TYPE)
 
 
-def build_chain_class(store: BlobStore, fast_evm: bool = True) -> type[Chain]:
-    """A Chain class whose VM verifies matmul results against this blob store; its opcode
-    loop is ``chain.interpreter``'s, or stock py-evm's with ``fast_evm=False``."""
+def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
+    """A Chain class whose VM verifies matmul results against this blob store. ``fast``: the
+    opcode loop of ``chain.interpreter`` and storage tries updated once per block
+    (``chain.storage``); ``fast=False``: stock py-evm for both (same results, tested)."""
     computation = type(
         "PoUWComputation",
-        (FastComputation if fast_evm else PragueComputation,),
+        (FastComputation if fast else PragueComputation,),
         {"_precompiles": {**PragueComputation.get_precompiles(),
                           FREIVALDS_ADDRESS: make_freivalds_precompile(store)}},
     )
-    state = type("PoUWState", (PragueState,), {"computation_class": computation})
+    state = type("PoUWState", (PragueState,), {
+        "computation_class": computation,
+        "account_db_class": BatchedAccountDB if fast else PragueState.account_db_class,
+    })
     vm = type("PoUWVM", (PoUWVMBase,), {"_state_class": state})
     return Chain.configure(
         __name__="NeedleNetChain", vm_configuration=((0, vm),), chain_id=CHAIN_ID

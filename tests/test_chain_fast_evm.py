@@ -247,7 +247,7 @@ def test_stock_py_evm_accepts_every_fast_block(scenario):
     node, sealed, *_ = scenario
     statuses = [r.state_root for block in sealed for r in block.get_receipts(node.chain.chaindb)]
     assert b"" in statuses and b"\x01" in statuses  # both failing and passing txs ran
-    stock = build_chain_class(node.blobs, fast_evm=False).from_genesis(
+    stock = build_chain_class(node.blobs, fast=False).from_genesis(
         AtomicDB(), genesis_params(), genesis_state())
     for block in sealed:
         # full validation: re-executes with stock py-evm; any difference in state root,
@@ -261,7 +261,7 @@ def test_stock_py_evm_accepts_every_fast_block(scenario):
 
 def test_calls_return_the_same_data_and_gas(scenario):
     node, sealed, arith, edges, _, caller = scenario
-    stock = build_chain_class(node.blobs, fast_evm=False).from_genesis(
+    stock = build_chain_class(node.blobs, fast=False).from_genesis(
         AtomicDB(), genesis_params(), genesis_state())
     for block in sealed:
         stock.import_block(block)

@@ -1,0 +1,94 @@
+"""Account storage whose trie is updated once per state root, with all of a block's slot
+writes at once (``chain.tries.update_trie``), instead of one py-trie insert per slot.
+
+py-evm hands a block's storage changes to ``StorageLookup`` one slot at a time when it
+computes the state root; each insert decodes, re-encodes and re-hashes the nodes on the
+slot's path. Here the writes are buffered (reads see them) and applied in one pass when the
+root is asked for, committed, or the storage is wiped. Same roots and same trie nodes
+reachable from them (tests/test_chain_fast_tries.py, tests/test_chain_fast_evm.py).
+"""
+from __future__ import annotations
+
+from eth.db.account import AccountDB
+from eth.db.cache import CacheDB
+from eth.db.journal import JournalDB
+from eth.db.storage import AccountStorageDB, StorageLookup
+from eth_typing import Address, Hash32
+from trie import HexaryTrie
+
+from chain.tries import update_trie
+
+
+class BatchedStorageLookup(StorageLookup):
+    """``StorageLookup`` with slot writes buffered until the trie's root is needed."""
+
+    def __init__(self, db, storage_root: Hash32, address: Address) -> None:
+        self._pending: dict[bytes, bytes] = {}  # hashed slot -> rlp value, b"": deleted
+        super().__init__(db, storage_root, address)
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self._pending[self._decode_key(key)] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        self._pending[self._decode_key(key)] = b""
+
+    def __getitem__(self, key: bytes) -> bytes:
+        value = self._pending.get(self._decode_key(key))
+        if value is None:
+            return super().__getitem__(key)
+        if not value:
+            raise KeyError(key)
+        return value
+
+    def _exists(self, key: bytes) -> bool:
+        value = self._pending.get(self._decode_key(key))
+        return super()._exists(key) if value is None else bool(value)
+
+    def _apply_pending(self) -> None:
+        if not self._pending:
+            return
+        write_trie = self._get_write_trie()
+        root = update_trie(self._trie_nodes_batch, write_trie.root_hash, self._pending)
+        self._write_trie = HexaryTrie(self._trie_nodes_batch, root_hash=root, prune=True)
+        self._pending = {}
+
+    @property
+    def has_changed_root(self) -> bool:
+        return bool(self._pending) or super().has_changed_root
+
+    def get_changed_root(self) -> Hash32:
+        self._apply_pending()
+        return super().get_changed_root()
+
+    def commit_to(self, db) -> None:
+        self._apply_pending()
+        super().commit_to(db)
+
+    def new_trie(self) -> int:
+        self._apply_pending()  # the writes so far belong to the trie being set aside
+        return super().new_trie()
+
+    def rollback_trie(self, trie_index: int) -> None:
+        self._pending = {}  # writes to the discarded trie
+        super().rollback_trie(trie_index)
+
+
+class BatchedAccountStorageDB(AccountStorageDB):
+    """py-evm's account storage over a ``BatchedStorageLookup``."""
+
+    def __init__(self, db, storage_root: Hash32, address: Address) -> None:
+        super().__init__(db, storage_root, address)
+        self._storage_lookup = BatchedStorageLookup(db, storage_root, address)
+        self._storage_cache = CacheDB(self._storage_lookup)
+        self._locked_changes = JournalDB(self._storage_cache)
+        self._journal_storage = JournalDB(self._locked_changes)
+
+
+class BatchedAccountDB(AccountDB):
+    """py-evm's account database with batched storage tries."""
+
+    def _get_address_store(self, address: Address) -> AccountStorageDB:
+        if address not in self._account_stores:
+            self._account_stores[address] = BatchedAccountStorageDB(
+                self._raw_store_db, self._get_storage_root(address), address)
+        return self._account_stores[address]
