@@ -84,12 +84,13 @@ class DataParallel(Module):
         comm: Communicator | None = None,
         bucket_mb: float = 4.0,
         check_finite: bool = True,
-        overlap: bool = True,
+        overlap: bool = False,
     ):
         """`check_finite` refuses NaN/inf gradients (see `sync_gradients`); on a GPU the check
         waits for the allreduce every step, which keeps ranks from running ahead of each other.
         `overlap` starts each bucket's allreduce inside `backward` as soon as its gradients are
-        final; without it all buckets start after backward."""
+        final, instead of after backward: worth it where the allreduce takes a real share of the
+        step; on 2 NVLink GPUs it was measured slower (bench/RESULTS.md)."""
         super().__init__()
         self.module = module
         self.comm = comm if comm is not None else Communicator()
@@ -145,8 +146,9 @@ class DataParallel(Module):
                 setattr(norm, name, ndl.Tensor(buf, device=norm.weight.device, requires_grad=False))
 
     def backward(self, loss: ndl.Tensor, local_fraction: float | None = None) -> None:
-        """`loss.backward()` with the gradient allreduce overlapped; `loss` is the mean over the
-        local shard. Returns with every gradient (and BatchNorm statistic) synchronised."""
+        """`loss.backward()`, then the gradient allreduce (overlapped with backward if `overlap`);
+        `loss` is the mean over the local shard. Returns with every gradient (and BatchNorm
+        statistic) synchronised."""
         self._start(local_fraction)
         try:
             loss.backward()
