@@ -40,7 +40,7 @@ class ChainClient:
         self.timeout = timeout
         self._nonce: int | None = None
         self._fee: tuple[float, int] | None = None
-        self._long_poll = True
+        self._has_long_poll = True
         self._lock = threading.Lock()
 
     @property
@@ -84,23 +84,32 @@ class ChainClient:
     def wait_for_block(self, number: int, timeout: float) -> int:
         """Wait until block `number` is sealed or `timeout` seconds pass; returns the head.
         Uses the node's long poll (GET /wait) where it has one, else polls."""
-        if self._long_poll:
-            response = self.http.get(f"{self.url}/wait", params={"block": number,
-                                                                 "timeout": timeout},
-                                     timeout=timeout + 30)
-            if response.status_code != 404:
-                return int(response.raise_for_status().json()["head"])
-            self._long_poll = False  # another EVM node: fall back to polling
+        head = self._long_poll({"block": number, "timeout": timeout}, timeout)
+        if head is not None:
+            return head
         end = time.monotonic() + timeout
         while (head := self.w3.eth.block_number) < number and time.monotonic() < end:
             time.sleep(POLL_S)
         return head
 
+    def _long_poll(self, params: dict, timeout: float) -> int | None:
+        """GET /wait; None where the node has no long poll (another EVM node)."""
+        if not self._has_long_poll:
+            return None
+        response = self.http.get(f"{self.url}/wait", params=params, timeout=timeout + 30)
+        if response.status_code == 404:
+            self._has_long_poll = False
+            return None
+        return int(response.raise_for_status().json()["head"])
+
     def wait_for_receipt(self, tx_hash: bytes):
-        """The receipt of a sent transaction, waiting block by block (TimeoutError after
-        self.timeout seconds)."""
+        """The receipt of a sent transaction: one long poll until it is mined, then block by
+        block (TimeoutError after self.timeout seconds)."""
         end = time.monotonic() + self.timeout
-        head = self.w3.eth.block_number
+        head = self._long_poll({"tx": "0x" + tx_hash.hex(), "timeout": self.timeout},
+                               self.timeout)
+        if head is None:
+            head = self.w3.eth.block_number
         while True:
             receipt = self._receipt(tx_hash)
             if receipt is not None:

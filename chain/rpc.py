@@ -514,12 +514,26 @@ def create_app(node: Node) -> FastAPI:
         }
 
     @app.get("/wait")
-    async def wait(block: int, timeout: float = 10.0) -> dict:
-        """Long poll: answers once block `block` is sealed (or after `timeout` seconds, at most
-        60) with the head, so clients follow the chain without polling it."""
-        head = await anyio.to_thread.run_sync(
-            node.wait_for_block, block, min(max(timeout, 0.0), 60.0), limiter=waiters)
-        return {"head": head}
+    async def wait(block: int = 0, tx: str | None = None, timeout: float = 10.0) -> dict:
+        """Long poll: answers once block `block` is sealed, or once transaction `tx` left the
+        mempool (mined or dropped), or after `timeout` seconds (at most 60), with the head;
+        clients follow the chain without polling it."""
+        timeout = min(max(timeout, 0.0), 60.0)
+        if tx is None:
+            head = await anyio.to_thread.run_sync(node.wait_for_block, block, timeout,
+                                                  limiter=waiters)
+            return {"head": head}
+        try:
+            tx_hash = bytes.fromhex(tx.removeprefix("0x"))
+        except ValueError:
+            return JSONResponse({"error": f"tx {tx!r} is not hex"}, status_code=400)
+
+        def left_mempool() -> None:
+            with node.new_head:
+                node.new_head.wait_for(lambda: tx_hash not in node.mempool.by_hash, timeout)
+
+        await anyio.to_thread.run_sync(left_mempool, limiter=waiters)
+        return {"head": node.head().block_number}
 
     waiters = anyio.CapacityLimiter(256)  # long polls do not take the JSON-RPC threads
     app.mount("/blobs", BlobApp(node.blobs))  # raw ASGI: bulk bytes skip FastAPI

@@ -175,8 +175,8 @@ class JobClient:
         display = _Progress(len(pending)) if self.progress else None
         by_id = {p.job_id: p for p in pending}
         try:
+            head = self.market.block_number()
             while any(p.result is None for p in pending):
-                head = self.market.block_number()
                 if head >= self._next_block:
                     for event in self.market.logs(self._next_block, head):
                         p = by_id.get(event["args"].get("jobId"))
@@ -194,7 +194,7 @@ class JobClient:
                         stuck.stage, f"timed out after {self.timeout:.0f}s; the job is still "
                         f"{stuck.stage} (no worker moved it on)", stuck.job_id)
                 if any(p.result is None for p in pending):
-                    self.market.wait_for_block(self._next_block, self.poll_interval)
+                    head = self.market.wait_for_block(self._next_block, self.poll_interval)
         finally:
             if display:
                 display.close()

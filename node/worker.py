@@ -195,14 +195,16 @@ class Worker:
         try:
             self._retry(self._ensure_registered)
             self._resume()
+            head = None
             while not self._stop.is_set():
                 try:
-                    self._poll()
-                    self.chain.wait_for_block(self._next_block, self.config.poll_interval)
+                    self._poll(self.chain.block_number() if head is None else head)
+                    head = self.chain.wait_for_block(self._next_block, self.config.poll_interval)
                 except Exception as err:  # noqa: BLE001 - the loop must survive a bad poll
                     if not is_transient(err):
                         log.exception("poll failed")
                     self.metrics.chain_errors.inc()
+                    head = None
                     self._stop.wait(1.0)
         finally:
             log.info("stopping: finishing %d job(s) in flight", self.status()["in_flight"])
@@ -257,8 +259,7 @@ class Worker:
             start = "finalize" if job.status == JOB_COMMITTED else "compute"
             self._pool.submit(self._process, record, job, start)
 
-    def _poll(self) -> None:
-        head = self.chain.block_number()
+    def _poll(self, head: int) -> None:
         self._head = head
         if head >= self._next_block:
             opened, taken = self.chain.new_jobs(self._next_block, head)

@@ -1,0 +1,164 @@
+"""The market's one-step and batched lifecycle calls (commitJobs, finalizeJobs) and the node's
+long poll (GET /wait), against a real node process with locally signed transactions.
+
+The reference for every verdict is numpy's product; after each test the market's balance
+must equal its escrow plus stakes."""
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from chain.client import ChainClient, TransactionReverted
+from chain.devnet import dev_accounts
+from chain.launch import NodeProcess
+
+pytestmark = pytest.mark.timeout(120)
+ETHER = 10**18
+FEE = 10**16
+MARKET = "0x000000000000000000000000000000000000c0DE"
+OPEN, COMMITTED, DONE = 1, 3, 4
+RNG = np.random.default_rng(5)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with NodeProcess(tmp_path_factory.mktemp("chain") / "data", block_time=0) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def clients(node):
+    made = [ChainClient(node.url, account.key) for account in dev_accounts(8)]
+    yield made
+    for c in made:
+        c.close()
+
+
+@pytest.fixture(autouse=True)
+def market_holds_escrow_plus_stakes(clients):
+    yield
+    market = clients[0].market
+    assert clients[0].w3.eth.get_balance(MARKET) == \
+        market.functions.totalEscrow().call() + market.functions.totalStaked().call()
+
+
+def registered(client, stake=2 * ETHER):
+    if client.market.functions.workerStake(client.address).call() < ETHER:
+        client.send(client.market.functions.register(), value=stake)
+    return client
+
+
+def submit_jobs(client, count: int, m=6, k=5, n=4):
+    """Open `count` float jobs in one transaction; [(job id, A, B)]."""
+    ops = [(RNG.standard_normal((m, k), np.float32), RNG.standard_normal((k, n), np.float32))
+           for _ in range(count)]
+    ids = [(client.put_blob(a), client.put_blob(b)) for a, b in ops]
+    receipt = client.send(client.market.functions.submitJobs(
+        [i[0] for i in ids], [i[1] for i in ids], [1] * count, [m] * count, [k] * count,
+        [n] * count, [1] * count, [FEE] * count, 50), value=FEE * count)
+    first = client.events(receipt, "JobSubmitted")[0]["args"]["jobId"]
+    return [(first + i, a, b) for i, (a, b) in enumerate(ops)]
+
+
+def product(a, b):
+    return (a.astype(np.float64) @ b).astype(np.float32)
+
+
+def send_together(client, calls: list) -> list:
+    """Sign calls with consecutive nonces and send them in one JSON-RPC batch request (the
+    node admits them before it seals); their receipts."""
+    raws = [client.sign(call, gas=3_000_000) for call in calls]
+    replies = httpx.post(client.url, json=[
+        {"jsonrpc": "2.0", "id": i, "method": "eth_sendRawTransaction",
+         "params": ["0x" + raw.hex()]} for i, raw in enumerate(raws)]).json()
+    hashes = [r["result"] for r in sorted(replies, key=lambda r: r["id"])]
+    return [client.wait_for_receipt(bytes.fromhex(h[2:])) for h in hashes]
+
+
+def test_commit_jobs_claims_open_jobs_in_one_step_and_skips_taken_ones(clients):
+    submitter, first, second, anyone = clients[1], registered(clients[2]), \
+        registered(clients[3]), clients[4]
+    jobs = submit_jobs(submitter, 3)
+    (j0, a0, b0), (j1, a1, b1), (j2, a2, b2) = jobs
+    first.send(first.market.functions.commitJobs([j0], [first.put_blob(product(a0, b0))]))
+    claims_before = first.market.functions.workerInfo(second.address).call()[2]
+    c_ids = [second.put_blob(product(a, b)) for _, a, b in jobs]
+    receipt = second.send(second.market.functions.commitJobs([j0, j1, j2], c_ids))
+    committed = [e["args"]["jobId"] for e in second.events(receipt, "ResultCommitted")]
+    assert committed == [j1, j2]  # j0 was no longer open: skipped, not reverted
+    assert [e["args"]["jobId"] for e in second.events(receipt, "JobClaimed")] == [j1, j2]
+    assert first.get_job(j0)["worker"] == first.address
+    assert second.get_job(j1)["worker"] == second.address
+    assert second.get_job(j2)["status"] == COMMITTED
+    assert second.market.functions.workerInfo(second.address).call()[2] == claims_before + 2
+
+    escrow = anyone.market.functions.totalEscrow().call()
+    receipt = anyone.send(anyone.market.functions.finalizeJobs([j0, j1, j2]))
+    verified = {e["args"]["jobId"]: e["args"]["worker"]
+                for e in anyone.events(receipt, "JobVerified")}
+    assert verified == {j0: first.address, j1: second.address, j2: second.address}
+    assert all(anyone.get_job(j)["status"] == DONE for j, _, _ in jobs)
+    assert anyone.market.functions.totalEscrow().call() == escrow - 3 * FEE
+    for j, a, b in jobs:
+        np.testing.assert_allclose(anyone.get_blob(anyone.get_job(j)["cId"]),
+                                   a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_finalize_jobs_waits_for_a_later_block_and_slashes_a_wrong_result(clients):
+    submitter, worker = clients[1], registered(clients[5])
+    (j0, a0, b0), (j1, a1, b1) = submit_jobs(submitter, 2)
+    right = worker.put_blob(product(a0, b0))
+    wrong = worker.put_blob(product(a1, b1) + np.float32(0.5))
+    f = worker.market.functions
+    commit, early = send_together(worker, [f.commitJobs([j0, j1], [right, wrong]),
+                                           f.finalizeJobs([j0, j1])])
+    assert commit["blockNumber"] == early["blockNumber"] and early["status"] == 1
+    # the seed comes from the commit's block hash: nothing is finalised in that block
+    assert worker.events(early, "JobVerified") == worker.events(early, "JobFailed") == []
+    assert worker.get_job(j0)["status"] == worker.get_job(j1)["status"] == COMMITTED
+
+    stake = f.workerStake(worker.address).call()
+    submitter_before = worker.w3.eth.get_balance(submitter.address)
+    receipt = worker.send(f.finalizeJobs([j0, j1]))
+    assert [e["args"]["jobId"] for e in worker.events(receipt, "JobVerified")] == [j0]
+    [failed] = worker.events(receipt, "JobFailed")
+    assert failed["args"]["jobId"] == j1 and failed["args"]["slashed"] == stake // 2
+    assert f.workerStake(worker.address).call() == stake - stake // 2
+    assert worker.w3.eth.get_balance(submitter.address) - submitter_before == stake // 4
+    assert worker.get_job(j1)["status"] == OPEN and worker.get_job(j1)["worker"] == "0x" + "0" * 40
+
+
+def test_commit_jobs_refuses_unstaked_senders_and_mismatched_lists(clients):
+    submitter, unstaked, worker = clients[1], clients[6], registered(clients[7])
+    [(job, a, b)] = submit_jobs(submitter, 1)
+    c_id = unstaked.put_blob(product(a, b))
+    with pytest.raises(TransactionReverted, match="stake below minStake"):
+        unstaked.send(unstaked.market.functions.commitJobs([job], [c_id]))
+    with pytest.raises(TransactionReverted, match="length mismatch"):
+        worker.send(worker.market.functions.commitJobs([job], [c_id, c_id]))
+    # with fixed gas the revert is mined; its reason is still reported
+    with pytest.raises(TransactionReverted, match="stake below minStake"):
+        unstaked.send(unstaked.market.functions.commitJobs([job], [c_id]), gas=300_000)
+    assert worker.get_job(job)["status"] == OPEN
+
+
+def test_wait_answers_when_a_block_or_transaction_is_sealed(node, clients):
+    client = clients[1]
+    head = client.w3.eth.block_number
+    # no transaction, no block (block time 0): the long poll times out with the same head
+    assert httpx.get(f"{node.url}/wait", params={"block": head + 1, "timeout": 0.2}) \
+        .json() == {"head": head}
+    raw = client.sign(client.market.functions.register(), value=ETHER, gas=200_000)
+    sender = threading.Timer(0.2, client.w3.eth.send_raw_transaction, (raw,))
+    sender.start()
+    answer = httpx.get(f"{node.url}/wait", params={"block": head + 1, "timeout": 30},
+                       timeout=60).json()
+    sender.join()
+    assert answer["head"] >= head + 1 and client.w3.eth.block_number >= head + 1
+    tx_hash = client.w3.eth.send_raw_transaction(
+        client.sign(client.market.functions.register(), value=ETHER, gas=200_000))
+    httpx.get(f"{node.url}/wait", params={"tx": tx_hash.to_0x_hex(), "timeout": 30},
+              timeout=60).raise_for_status()
+    assert client.w3.eth.get_transaction_receipt(tx_hash)["status"] == 1
+    assert httpx.get(f"{node.url}/wait", params={"tx": "0xzz"}).status_code == 400
