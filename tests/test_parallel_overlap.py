@@ -11,6 +11,8 @@ import needle as ndl
 from needle.parallel import nccl_available
 
 STEPS, BATCH, MOMENTUM = 3, 7, 0.1  # BatchNorm1d's default momentum
+MODES = ("on", "off", "plain")
+UNUSED = 2  # parameters 0 and 1 (a Linear that forward never calls) get no gradient
 HAS_TWO_GPUS = ndl.cuda().enabled() and ndl.cuda().device_count() >= 2
 
 
@@ -27,7 +29,7 @@ HAS_TWO_GPUS = ndl.cuda().enabled() and ndl.cuda().device_count() >= 2
     ],
 )
 def ranks(request, tmp_path_factory):
-    """What both ranks saved after training with a bucket per parameter, overlap on and off."""
+    """What both ranks saved after training with a bucket per parameter, in every mode."""
     if LAUNCHER is None:
         pytest.skip("no MPI launcher (mpiexec/mpirun) found")
     out = tmp_path_factory.mktemp(request.param)
@@ -37,7 +39,7 @@ def ranks(request, tmp_path_factory):
             np.load(out / f"{mode}{r}.npz"),
             json.loads((out / f"{mode}{r}.json").read_text()),
         )
-        for mode in ("on", "off")
+        for mode in MODES
         for r in range(2)
     }
 
@@ -53,9 +55,10 @@ def test_buckets_start_during_backward_in_order_as_soon_as_full(ranks):
             # the statistics go first, then every bucket once, in bucket order
             starts = [e[1] for e in events if e[0] == "start"]
             assert starts == ["stats", *range(n)]
-            # replay the rule "start bucket k once buckets 0..k are packed" on the observed
-            # ready order (DataParallel's hook runs before the recording one, so the starts a
-            # gradient triggers come just before its "ready")
+            # Replay the rule "start bucket k once buckets 0..k are packed" on the observed
+            # order in which gradients became ready (DataParallel's hook runs before the
+            # recording one, so the starts a gradient triggers come just before its "ready");
+            # the buckets of the unused parameters, and so all after them, start after backward.
             packed, expected = set(), []
             for i in [e[1] for e in events if e[0] == "ready"]:
                 packed.add(n - 1 - i)
@@ -64,7 +67,10 @@ def test_buckets_start_during_backward_in_order_as_soon_as_full(ranks):
                     expected.append(["start", started])
                     started += 1
                 expected.append(["ready", i])
+            started = sum(1 for e in expected if e[0] == "start")
+            expected += [["start", k] for k in range(started, n)]
             assert events[1:] == expected, f"rank {r}"
+            assert started == n - UNUSED  # every bucket of a used parameter left during backward
             # overlap happened: the first bucket left before the last gradient was ready
             last_ready = max(i for i, e in enumerate(events) if e[0] == "ready")
             assert events.index(["start", 0]) < last_ready
@@ -73,23 +79,35 @@ def test_buckets_start_during_backward_in_order_as_soon_as_full(ranks):
 def test_without_overlap_buckets_start_after_backward(ranks):
     _, saved = ranks
     for r in range(2):
-        log = saved[("off", r)][1]
-        for events in _split_steps(log["events"]):
-            last_ready = max(i for i, e in enumerate(events) if e[0] == "ready")
-            assert events[0] == ["start", "stats"]
-            assert [e[0] for e in events[last_ready + 1 :]] == ["start"] * log["buckets"]
+        for mode in ("off", "plain"):
+            log = saved[(mode, r)][1]
+            for events in _split_steps(log["events"]):
+                ready = [e[1] for e in events if e[0] == "ready"]
+                assert sorted(ready) == list(range(UNUSED, log["buckets"]))
+                last_ready = max(i for i, e in enumerate(events) if e[0] == "ready")
+                # with a plain loss.backward(), even the statistics wait for sync_gradients
+                stats_at = 0 if mode == "off" else last_ready + 1
+                assert events.index(["start", "stats"]) == stats_at
+                after = [e for e in events[last_ready + 1 :] if e != ["start", "stats"]]
+                assert after == [["start", k] for k in range(log["buckets"])], mode
 
 
 def test_overlap_changes_no_result_and_ranks_stay_identical(ranks):
     device, saved = ranks
-    on0, off0, on1 = saved[("on", 0)][0], saved[("off", 0)][0], saved[("on", 1)][0]
-    for name in on0.files:
-        np.testing.assert_array_equal(on0[name], on1[name], err_msg=name)
-        np.testing.assert_array_equal(saved[("off", 0)][0][name], saved[("off", 1)][0][name])
-        if device == "cpu":  # same packed bytes, same sums
-            np.testing.assert_array_equal(on0[name], off0[name], err_msg=name)
-        else:
-            np.testing.assert_allclose(on0[name], off0[name], rtol=1e-5, atol=1e-6)
+    reference = saved[("off", 0)][0]
+    for mode in MODES:
+        for r in range(2):
+            got = saved[(mode, r)][0]
+            for name in reference.files:
+                np.testing.assert_array_equal(got[name], saved[(mode, 0)][0][name], err_msg=name)
+                if device == "cpu":  # same packed bytes, same sums
+                    np.testing.assert_array_equal(got[name], reference[name], err_msg=name)
+                else:
+                    np.testing.assert_allclose(got[name], reference[name], rtol=1e-5, atol=1e-6)
+    # the unused layer's zero gradients left its weights where the broadcast put them
+    for mode in MODES:
+        got = saved[(mode, 0)][0]
+        np.testing.assert_array_equal(got["arr_0"], got["unused_start"])
 
 
 def test_batchnorm_statistics_are_those_of_the_global_batch(ranks):
@@ -108,7 +126,7 @@ def test_batchnorm_statistics_are_those_of_the_global_batch(ranks):
         )
         local_mean = (1 - MOMENTUM) * local_mean + MOMENTUM * shards[0].mean(0)
     assert np.abs(local_mean - mean).max() > 1e-2  # the test data tells the two apart
-    for mode in ("on", "off"):
+    for mode in MODES:
         for r in range(2):
             got = saved[(mode, r)][0]
             np.testing.assert_allclose(got["running_mean"], mean, rtol=1e-5, atol=1e-6)
