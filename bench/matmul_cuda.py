@@ -1,6 +1,6 @@
 """needle's CUDA matmul against cuBLAS (through PyTorch) in the same run, float32 and TF32.
 
-    PYTHONPATH=$PWD python3 bench/matmul_cuda.py [--sizes 1024 2048 4096 8192]
+    PYTHONPATH=$PWD python3 bench/matmul_cuda.py [--sizes 1024 2048 4096 8192] [--paths fp32 tf32]
 
 Prints GFLOP/s of each and the ratio needle / cuBLAS; cuBLAS float32 runs with TF32 off, the
 TF32 rows compare needle's explicit `matmul_tf32` with cuBLAS with TF32 on.
@@ -33,7 +33,9 @@ def time_ms(fn, reps: int, rounds: int = 7) -> float:
     return statistics.median(samples)
 
 
-def bench_shape(m: int, n: int, p: int, rng: np.random.Generator) -> list[tuple]:
+def bench_shape(
+    m: int, n: int, p: int, rng: np.random.Generator, paths: tuple[str, ...]
+) -> list[tuple]:
     a = rng.standard_normal((m, n), dtype=np.float32)
     b = rng.standard_normal((n, p), dtype=np.float32)
     da, db, dout = cuda.Array(m * n), cuda.Array(n * p), cuda.Array(m * p)
@@ -46,6 +48,8 @@ def bench_shape(m: int, n: int, p: int, rng: np.random.Generator) -> list[tuple]
 
     rows = []
     for label, needle_fn, tf32 in (("fp32", cuda.matmul, False), ("tf32", cuda.matmul_tf32, True)):
+        if label not in paths:
+            continue
         torch.backends.cuda.matmul.allow_tf32 = tf32
         cuda.fill(dout, float("nan"))
         needle_fn(da, db, dout, m, n, p)
@@ -71,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--no-extra-shapes", action="store_true", help="skip the non-square shapes")
+    parser.add_argument("--paths", nargs="*", choices=["fp32", "tf32"], default=["fp32", "tf32"])
     args = parser.parse_args()
     if cuda.device_count() == 0:
         raise SystemExit("no CUDA GPU")
@@ -85,7 +90,9 @@ def main() -> None:
         f"{'ratio':>6} {'rel.err':>9}"
     )
     for m, n, p in shapes:
-        for shape, label, g_needle, g_cublas, ratio, error in bench_shape(m, n, p, rng):
+        for shape, label, g_needle, g_cublas, ratio, error in bench_shape(
+            m, n, p, rng, tuple(args.paths)
+        ):
             print(
                 f"{shape:>18} {label:>5} {g_needle:15.0f} {g_cublas:15.0f} {ratio:6.2f} "
                 f"{error:9.1e}"

@@ -1,6 +1,6 @@
 """One ResNet9 training step (batch 128, 3 x 32 x 32) in needle on `cuda` against PyTorch.
 
-    PYTHONPATH=$PWD python3 bench/resnet9_cuda.py [--batch 128] [--steps 10]
+    PYTHONPATH=$PWD python3 bench/resnet9_cuda.py [--batch 128] [--steps 10] [--profile]
 
 Same architecture (CMU needle's ResNet9), loss and optimiser (SGD, momentum 0.9) in both, float32
 with TF32 off in PyTorch; prints the median step time of each and the ratio.
@@ -61,14 +61,14 @@ def median_step_ms(step, steps: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def needle_step_ms(x: np.ndarray, y: np.ndarray, steps: int) -> tuple[float, float]:
+def needle_step(x: np.ndarray, y: np.ndarray, losses: list[float]):
+    """One training step of needle's ResNet9 that returns once the device has finished it."""
     device = ndl.cuda()
     model = ResNet9(device=device, dtype="float32")
     model.train()
     opt = ndl.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.SoftmaxLoss()
     xs, ys = ndl.Tensor(x, device=device), ndl.Tensor(y, device=device)
-    losses = []
 
     def step():
         opt.reset_grad()
@@ -77,7 +77,40 @@ def needle_step_ms(x: np.ndarray, y: np.ndarray, steps: int) -> tuple[float, flo
         opt.step()
         losses.append(float(loss.numpy()))  # copies to the host: waits for the whole step
 
-    return median_step_ms(step, steps), losses[0]
+    return step
+
+
+def needle_step_ms(x: np.ndarray, y: np.ndarray, steps: int) -> tuple[float, float]:
+    losses: list[float] = []
+    return median_step_ms(needle_step(x, y, losses), steps), losses[0]
+
+
+def profile_needle(x: np.ndarray, y: np.ndarray, steps: int, top: int = 15) -> None:
+    """Where a needle step's GPU time goes: kernels by total time per step, against wall time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    step = needle_step(x, y, [])
+    for _ in range(3):
+        step()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+    wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    per_step = sorted(
+        ((e.self_device_time_total / 1e3 / steps, e.count / steps, e.key) for e in kernels),
+        reverse=True,
+    )
+    busy = sum(ms for ms, _, _ in per_step)
+    launches = sum(n for _, n, _ in per_step)
+    print(
+        f"needle step under the profiler: {wall_ms:.2f} ms wall, {busy:.2f} ms in "
+        f"{launches:.0f} kernels and copies ({busy / wall_ms:.0%} of the step)"
+    )
+    for ms, count, name in per_step[:top]:
+        print(f"  {ms:7.3f} ms {count:5.0f}x  {name[:90]}")
 
 
 def torch_step_ms(x: np.ndarray, y: np.ndarray, steps: int) -> tuple[float, float]:
@@ -103,6 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="also list needle's top kernels")
     args = parser.parse_args()
     if not ndl.cuda().enabled():
         raise SystemExit("no CUDA GPU")
@@ -110,6 +144,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 3, 32, 32), dtype=np.float32)
     y = rng.integers(0, 10, args.batch).astype(np.float32)
+    if args.profile:
+        profile_needle(x, y, args.steps)
     t_needle, loss_needle = needle_step_ms(x, y, args.steps)
     t_torch, loss_torch = torch_step_ms(x, y, args.steps)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")

@@ -245,10 +245,18 @@ MATMUL_SHAPES = [
     (1536, 64, 1536),  # enough blocks for the large tile
     (1537, 33, 1531),  # large tile with ragged edges everywhere
     (5, 2000, 3),  # long inner dimension
+    (17, 33, 65),  # odd everywhere
+    (300, 4, 8),  # inner dimension shorter than one K slice
+    (260, 36, 516),  # aligned rows, a partial K slice, ragged M and N tiles
+    (1000, 1000, 1000),  # many full tiles plus ragged edges on every side
 ]
 
 
-def run_matmul(fn, rng, m, n, p):
+def run_matmul(fn, rng, m, n, p, operand_rounding):
+    """Relative (Frobenius) error of `fn` against a float64 product, after checking every
+    element against the worst-case bound for operands rounded (or truncated) with relative error
+    `operand_rounding` and a float32 sum of n terms: |C - AB| <= (2 rounding + n 2^-24) |A| |B|
+    to first order."""
     a = rng.standard_normal((m, n)).astype(np.float32)
     b = rng.standard_normal((n, p)).astype(np.float32)
     out = cuda.Array(m * p)
@@ -256,19 +264,25 @@ def run_matmul(fn, rng, m, n, p):
     fn(to_device(a), to_device(b), out, m, n, p)
     got = to_host(out, (m, p))
     assert np.isfinite(got).all()
-    return relative_error(got, a.astype(np.float64) @ b.astype(np.float64))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = a64 @ b64
+    bound = (2.2 * operand_rounding + (n + 2) * 2.0**-24) * (np.abs(a64) @ np.abs(b64))
+    worst = np.unravel_index(np.argmax(np.abs(got - ref) - bound), ref.shape)
+    assert abs(got[worst] - ref[worst]) <= bound[worst], f"C{worst}: {got[worst]} vs {ref[worst]}"
+    return relative_error(got, ref)
 
 
 @gpu
 @pytest.mark.parametrize("m,n,p", MATMUL_SHAPES)
 def test_matmul_float32(rng, m, n, p):
-    assert run_matmul(cuda.matmul, rng, m, n, p) < 1e-5
+    assert run_matmul(cuda.matmul, rng, m, n, p, operand_rounding=0.0) < 1e-5
 
 
 @gpu
 @pytest.mark.parametrize("m,n,p", MATMUL_SHAPES)
 def test_matmul_tf32_is_tensor_core_precision(rng, m, n, p):
-    err = run_matmul(cuda.matmul_tf32, rng, m, n, p)
+    # 2^-10: 10 mantissa bits, truncated (the Hopper kernel's shared-memory operand) or rounded
+    err = run_matmul(cuda.matmul_tf32, rng, m, n, p, operand_rounding=2.0**-10)
     assert err < 2e-3
     if n >= 16:  # TF32 keeps 10 mantissa bits: visibly coarser than float32
         assert err > 1e-5
