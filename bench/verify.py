@@ -6,8 +6,11 @@
     python bench/verify.py --tables              # false-accept rates and bound tightness
 
 Exact mode runs with 1 round (false accept <= 1/p < 2^-60 <= 2^-40); float mode with the
-default rounds and with 1. The reference is the float32 product (numpy sgemm / cuBLAS);
-for exact mode numpy's integer matmul is also timed where it finishes in reasonable time.
+default 16 rounds and with 8, 4, 2 and 1 (false accept 2^-rounds for errors above twice the
+bound); for 16 and 1 also the three passes over the matrices alone, which shows how much of
+a check is the fixed per-call work (vectors, O(n) bound arithmetic, verdict). The reference
+is the float32 product (numpy sgemm / cuBLAS); for exact mode numpy's integer matmul is
+also timed where it finishes in reasonable time.
 The "read floor" row is one matrix-vector product over each of A, B and C: the memory
 traffic that any check reading every operand once must pay.
 
@@ -24,10 +27,12 @@ import time
 import numpy as np
 
 from verifier import DEFAULT_ROUNDS, verify
+from verifier.arrays import products
 from verifier.floating import residual_and_bound
 from verifier.rng import sign_vectors
 
 SEED = b"bench" * 7
+FLOAT_ROUNDS = (DEFAULT_ROUNDS["fp32"], 8, 4, 2, 1)  # false accept 2^-rounds each
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -45,6 +50,15 @@ def best_time(fn, repeats: int, sync=lambda: None) -> float:
     return best
 
 
+def three_passes(xp, A, B, C, R) -> None:
+    """The float check's reads of B, C and A (products with R and the absolute-value sums)
+    without the vector derivation, the bound's O(n) arithmetic and the verdict."""
+    ones = np.ones(B.shape[1], np.float32)  # vectors stay on the host (verifier.arrays)
+    X, _ = products(xp, B, R, ones, np.float32)
+    products(xp, C, R, ones, np.float32)
+    products(xp, A, X, np.ones(A.shape[1], np.float32), np.float32)
+
+
 def timing_rows(n: int, xp, sync, int_matmul_limit: int,
                 repeats: int) -> list[tuple[str, float, float]]:
     """(what, seconds, reference seconds) for one size."""
@@ -57,11 +71,15 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     ones = xp.ones(n, np.float32)
     floor = sum(best_time(lambda M=M: M @ ones, repeats, sync) for M in (A, B, C))
     rows.append(("read floor: A, B, C once (3 gemv)", floor, sgemm))
-    for rounds in (DEFAULT_ROUNDS["fp32"], 1):
+    for rounds in FLOAT_ROUNDS:
         assert verify(A, B, C, rounds=rounds, seed=SEED).passed
         seconds = best_time(lambda r=rounds, C=C: verify(A, B, C, rounds=r, seed=SEED), repeats,
                             sync)
         rows.append((f"verify fp32, {rounds} rounds", seconds, sgemm))
+        if rounds in (DEFAULT_ROUNDS["fp32"], 1):
+            R = sign_vectors(SEED, n, rounds)
+            seconds = best_time(lambda R=R: three_passes(xp, A, B, C, R), repeats, sync)
+            rows.append(("  of which the 3 passes over B, C, A", seconds, sgemm))
     Ai = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))
     Bi = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))
     Ci = (Ai.astype(np.float64) @ Bi.astype(np.float64)).astype(np.int32)  # exact: < 2^53

@@ -4,8 +4,10 @@ charges float32's unit for any order; float64 for exact limb products, every par
 an integer of magnitude at most 2^53) with no converted copy of M.
 
 Each warp takes VF_RPW rows, so every value of W it loads from shared memory serves VF_RPW
-multiply-adds; the block's warps share tiles of W (transposed) in shared memory, so W is
-read from global memory once per block rather than once per row.
+multiply-adds, and each thread issues VF_UNROLL * VF_RPW reads of M before it uses them, so
+enough reads are in flight to stream M at memory speed; the block's warps share tiles of W
+(transposed) in shared memory, so W is read from global memory once per block rather than
+once per row.
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from functools import cache
 import numpy as np
 
 WARPS = 8
+UNROLL = 4  # columns of a row each thread loads before using them (memory-level parallelism)
 TILE_BYTES = 16 * 1024  # shared memory for one tile of W
 ACCUMULATOR_WORDS = 64  # 32-bit registers per thread for the row accumulators
 
 SOURCE = r"""
-extern "C" __global__ void signed_and_abs(const VF_T* M, const VF_ACC* WT, const VF_ACC* v,
-                                          VF_ACC* S, VF_ACC* a, long long rows, long long cols) {
+extern "C" __global__ void signed_and_abs(const VF_T* __restrict__ M,
+                                          const VF_ACC* __restrict__ WT,
+                                          const VF_ACC* __restrict__ v, VF_ACC* __restrict__ S,
+                                          VF_ACC* __restrict__ a, long long rows, long long cols) {
     __shared__ VF_ACC tile[VF_K * VF_TILE];
     const int lane = threadIdx.x & 31;
     const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -40,22 +45,34 @@ extern "C" __global__ void signed_and_abs(const VF_T* M, const VF_ACC* WT, const
             tile[t] = jj < width ? WT[q * cols + j0 + jj] : (VF_ACC)0;
         }
         __syncthreads();
-        for (int jj = lane; jj < width; jj += 32) {
-            VF_ACC m[VF_RPW];
+        for (int j = lane; j < width; j += 32 * VF_UNROLL) {
+            VF_ACC m[VF_UNROLL][VF_RPW];  // all loads first: many reads in flight per thread
             #pragma unroll
-            for (int r = 0; r < VF_RPW; ++r)
-                m[r] = first + r < rows ? (VF_ACC)M[(first + r) * cols + j0 + jj] : (VF_ACC)0;
-            #pragma unroll
-            for (int q = 0; q < VF_K; ++q) {
-                const VF_ACC w = tile[q * VF_TILE + jj];
+            for (int u = 0; u < VF_UNROLL; ++u) {
+                const int jj = j + 32 * u;
                 #pragma unroll
-                for (int r = 0; r < VF_RPW; ++r) acc[r][q] += m[r] * w;
+                for (int r = 0; r < VF_RPW; ++r)
+                    m[u][r] = jj < width && first + r < rows
+                              ? (VF_ACC)M[(first + r) * cols + j0 + jj] : (VF_ACC)0;
             }
-#if VF_ABS
-            const VF_ACC vj = v[j0 + jj];
             #pragma unroll
-            for (int r = 0; r < VF_RPW; ++r) acc_abs[r] += (m[r] < 0 ? -m[r] : m[r]) * vj;
+            for (int u = 0; u < VF_UNROLL; ++u) {
+                const int jj = j + 32 * u;
+                if (jj < width) {
+                    #pragma unroll
+                    for (int q = 0; q < VF_K; ++q) {
+                        const VF_ACC w = tile[q * VF_TILE + jj];
+                        #pragma unroll
+                        for (int r = 0; r < VF_RPW; ++r) acc[r][q] += m[u][r] * w;
+                    }
+#if VF_ABS
+                    const VF_ACC vj = v[j0 + jj];
+                    #pragma unroll
+                    for (int r = 0; r < VF_RPW; ++r)
+                        acc_abs[r] += (m[u][r] < 0 ? -m[u][r] : m[u][r]) * vj;
 #endif
+                }
+            }
         }
     }
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -96,7 +113,8 @@ def options(columns: int, dtype: str, accumulator: str, with_abs: bool) -> tuple
     """The compile-time constants of one kernel variant (also used to compile it offline)."""
     return (f"-DVF_K={columns}", f"-DVF_TILE={tile_width(columns, accumulator)}",
             f"-DVF_RPW={rows_per_warp(columns, accumulator)}", f"-DVF_T={C_TYPES[dtype]}",
-            f"-DVF_ACC={ACCUMULATORS[accumulator]}", f"-DVF_ABS={int(with_abs)}")
+            f"-DVF_ACC={ACCUMULATORS[accumulator]}", f"-DVF_ABS={int(with_abs)}",
+            f"-DVF_UNROLL={UNROLL}")
 
 
 @cache
@@ -108,17 +126,18 @@ def _kernel(columns: int, dtype: str, accumulator: str, with_abs: bool):
 
 
 def signed_and_abs(M, W, v, accumulator):
-    """(M @ W, |M| @ v or None when v is None), both in the accumulator type (float32 or
-    float64), for M (rows, cols) of a type in C_TYPES, W (cols, K), v (cols,)."""
+    """(M @ W, |M| @ v or None when v is None) on the device, both in the accumulator type
+    (float32 or float64), for M (rows, cols) on the device of a type in C_TYPES and host
+    arrays W (cols, K), v (cols,)."""
     import cupy
 
     accumulator = np.dtype(accumulator).name
     M = cupy.ascontiguousarray(M)
     rows, cols = M.shape
     columns = W.shape[1]
-    WT = cupy.ascontiguousarray(W.T, dtype=accumulator)
+    WT = cupy.asarray(np.ascontiguousarray(W.T, dtype=accumulator))
     with_abs = v is not None
-    v = cupy.ascontiguousarray(v, dtype=accumulator) if with_abs else WT  # unread without abs
+    v = cupy.asarray(np.asarray(v, dtype=accumulator)) if with_abs else WT  # unread if no abs
     S = cupy.empty((rows, columns), accumulator)
     a = cupy.empty(rows, accumulator)
     blocks = -(-rows // (WARPS * rows_per_warp(columns, accumulator)))
