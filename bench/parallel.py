@@ -97,14 +97,14 @@ def worker(opts: argparse.Namespace) -> None:
 
 def run(ranks: int, threads: int, overlaps: str, opts: argparse.Namespace) -> list[dict]:
     """Launch `ranks` processes that time every round; rank 0's results, one per measurement."""
-    from needle.parallel import launch_command
+    from needle.parallel import launch_command, launch_env
 
     args = ["--worker", "--device", opts.device, "--batch", str(opts.batch)]
     args += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
     args += ["--bucket-mb", str(opts.bucket_mb), "--repeats", str(opts.repeats)]
     args += ["--overlaps", overlaps]
     args += ["--skip-finite-check"] if opts.skip_finite_check else []
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = launch_env(dict(os.environ, OMP_NUM_THREADS=str(threads)))
     proc = subprocess.run(
         launch_command(ranks, os.path.abspath(__file__), args),
         env=env, capture_output=True, text=True, timeout=opts.timeout,

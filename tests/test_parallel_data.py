@@ -1,5 +1,6 @@
 """Data parallelism on 2 MPI ranks reproduces single-process full-batch training."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ from parallel_scripts.common import make_model, train_reference
 from parallel_scripts.mpi_run import LAUNCHER, run_mpi
 
 import needle as ndl
-from needle.parallel import launch_command, nccl_available, plan_buckets
+from needle.parallel import launch_command, launch_env, nccl_available, plan_buckets
 
 STEPS = 3
 HAS_TWO_GPUS = ndl.cuda().enabled() and ndl.cuda().device_count() >= 2
@@ -89,3 +90,13 @@ def test_bucket_size_must_be_positive():
 def test_launcher_refuses_zero_processes():
     with pytest.raises(ValueError, match="number of processes must be at least 1, got 0"):
         launch_command(0, "train.py", [])
+
+
+def test_launch_env_lets_open_mpi_run_as_root_unbound_and_keeps_what_is_set():
+    env = launch_env({"PATH": "/bin", "OMPI_MCA_hwloc_base_binding_policy": "core"})
+    assert env["PATH"] == "/bin"
+    assert env["OMPI_MCA_hwloc_base_binding_policy"] == "core"  # the caller's choice wins
+    assert launch_env({})["OMPI_MCA_hwloc_base_binding_policy"] == "none"
+    as_root = os.geteuid() == 0
+    assert ("OMPI_ALLOW_RUN_AS_ROOT" in env) == as_root
+    assert ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM" in env) == as_root

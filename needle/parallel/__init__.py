@@ -1,7 +1,7 @@
 """Training beyond one device: data parallel (MPI allreduce), model parallel, GPipe pipeline."""
 from .comm import Communicator, NcclCommunicator, nccl_available
 from .data_parallel import DataParallel, plan_buckets
-from .launch import find_launcher, launch_command
+from .launch import find_launcher, launch_command, launch_env
 from .model_parallel import ModelParallel, place, to_device
 from .pipeline import Pipeline, gpipe_schedule
 
@@ -14,6 +14,7 @@ __all__ = [
     "find_launcher",
     "gpipe_schedule",
     "launch_command",
+    "launch_env",
     "nccl_available",
     "place",
     "plan_buckets",

@@ -3,7 +3,8 @@
     python -m needle.parallel.launch -n 2 train.py [script args...]
 
 is `mpiexec -n 2 <this python> train.py ...`, with the launcher found next to
-the running interpreter (the `mpich` wheel installs it there) or on PATH.
+the running interpreter (the `mpich` wheel installs it there) or on PATH, in the
+environment `launch_env` gives.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 
 LAUNCHER_NAMES = ("mpiexec", "mpirun")
 
@@ -40,13 +42,28 @@ def launch_command(nprocs: int, script: str, args: list[str]) -> list[str]:
     return [launcher, "-n", str(nprocs), sys.executable, script, *args]
 
 
+def launch_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (default: this process's environment) with what Open MPI needs here.
+
+    Open MPI refuses to start as root (containers, the GPU machines) and binds each
+    rank to one core, which starves the CPU backend's OpenMP threads and NCCL's proxy
+    thread; MPICH ignores these variables. Values already set are kept.
+    """
+    env = dict(os.environ if base is None else base)
+    env.setdefault("OMPI_MCA_hwloc_base_binding_policy", "none")
+    if os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--nprocs", type=int, default=2)
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
-    return subprocess.call(launch_command(opts.nprocs, opts.script, opts.args))
+    return subprocess.call(launch_command(opts.nprocs, opts.script, opts.args), env=launch_env())
 
 
 if __name__ == "__main__":
