@@ -261,8 +261,9 @@ class Node:
             block = vm.block_postprocessing(block)
             try:
                 sealed = vm.mine_block(block, extra_data=work_seal(verified_work(receipts))).block
-                # mine_block validated the block as it built it; skip a second validation
-                self.chain.persist_block(sealed, perform_validation=False)
+                # mine_block validated the block as it built it: store it without a second
+                # validation, nor reading it back (Chain.persist_block would do both)
+                self.chain.chaindb.persist_block(sealed)
                 self.db.flush()
                 self._head = sealed.header
             except BaseException:

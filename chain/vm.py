@@ -6,6 +6,7 @@ import eth.vm.base
 from eth.abc import BlockAPI
 from eth.chains.base import Chain
 from eth.vm.forks.prague import PragueVM
+from eth.vm.forks.prague.blocks import PragueBlock
 from eth.vm.forks.prague.computation import PragueComputation
 from eth.vm.forks.prague.constants import DEPOSIT_REQUEST_TYPE
 from eth.vm.forks.prague.state import PragueState
@@ -24,10 +25,24 @@ eth.vm.base.make_trie_root_and_nodes = trie_root_and_nodes
 eth.db.chain.make_trie_root_and_nodes = trie_root_and_nodes
 
 
+class PoUWBlock(PragueBlock):
+    """Prague's block, whose copies share its transactions, uncles and withdrawals: py-evm
+    copies a block several times while sealing it, and rlp's ``copy`` deep-copies every
+    field not given (each of thousands of transactions), though these objects are immutable.
+    """
+
+    def copy(self, *args, **kwargs) -> PoUWBlock:
+        for field in self._meta.field_names[len(args):]:
+            if field != "header":
+                kwargs.setdefault(field, getattr(self, field))
+        return super().copy(*args, **kwargs)
+
+
 class PoUWVMBase(PragueVM):
     """Prague, with block rewards paid from the pool to the block's verified workers."""
 
     fork = "prague-pouw"
+    block_class = PoUWBlock
     consensus_class = PoUWConsensus
 
     def _assign_block_rewards(self, block: BlockAPI) -> None:
