@@ -8,6 +8,7 @@ receives into one preallocated buffer of the announced size, hashing as it reads
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.client
 import json
@@ -68,7 +69,8 @@ class BlobApp:
                     return
                 writer.write(message.get("body", b""))
                 more = message.get("more_body", False)
-            writer.commit()
+            # fsync off the event loop: concurrent uploads then share the disk's flushes
+            await asyncio.to_thread(writer.commit)
         except BlobTooLarge as exc:
             await _reply(send, 413, {"error": str(exc)})
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -19,6 +20,8 @@ from node import keys
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
 ETHER = 10**18
+MAX_DEADLINE_BLOCKS = 100_000  # ComputeMarket.MAX_TIMEOUT_BLOCKS
+TRANSFER_GAS = 21_000
 
 app = typer.Typer(
     name="needle-net", no_args_is_help=True, rich_markup_mode="rich",
@@ -151,19 +154,24 @@ def submit(
     fee: Annotated[float, typer.Option(help="Fee per job in ETH.")] = 0.001,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the verified result.")
                        ] = 120.0,
+    deadline: Annotated[int, typer.Option(
+        help="Blocks a worker has to deliver after claiming; past it the job reopens and the "
+             "worker's stake is cut.")] = 20,
 ) -> None:
     """Multiply A @ B on the network; write the verified result to OUTPUT.
 
-    Example: [bold]needle-net submit a.npy b.npy -o c.npy[/bold]
+    Example: [bold]needle-net submit a.npy b.npy -o c.npy --fee 0.002 --deadline 50[/bold]
     """
     from node.client import JobClient, RemoteJobError
 
+    if not 1 <= deadline <= MAX_DEADLINE_BLOCKS:
+        _fail(f"--deadline must be between 1 and {MAX_DEADLINE_BLOCKS} blocks, got {deadline}")
     try:
         a, b = np.load(a_path, allow_pickle=False), np.load(b_path, allow_pickle=False)
     except (OSError, ValueError) as err:
         _fail(f"cannot read operands: {err}")
     client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=int(fee * ETHER),
-                       timeout=timeout, progress=True)
+                       timeout=timeout, timeout_blocks=deadline, progress=True)
     try:
         c = client.matmul(a, b)
     except RemoteJobError as err:
@@ -234,6 +242,73 @@ def keys_new(
         _fail(f"{path} exists; refusing to overwrite a key")
     account = keys.load_or_create(path, keys.read_password(password_file))
     console.print(f"created {path}: {account.address}")
+
+
+@keys_app.command("show")
+def keys_show(
+    path: Annotated[Path, typer.Argument(help="Keystore file.")],
+) -> None:
+    """Print a keystore's address (read from the file; no password, no secret shown).
+
+    Example: [bold]needle-net keys show .needle-net/worker/key.json[/bold]
+    """
+    try:
+        address = json.loads(path.read_text())["address"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        _fail(f"cannot read an address from keystore {path}: {err!r}")
+    from web3 import Web3
+
+    if not Web3.is_address("0x" + str(address).removeprefix("0x")):
+        _fail(f"keystore {path} holds no valid address ({address!r})")
+    console.print(Web3.to_checksum_address("0x" + address.removeprefix("0x")))
+
+
+@app.command()
+def send(
+    to: Annotated[str, typer.Argument(help="Recipient address (0x...).")],
+    amount: Annotated[float, typer.Argument(help="ETH to transfer.")],
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    keystore: Keystore = None,
+    password_file: PasswordFile = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")
+                   ] = False,
+) -> None:
+    """Transfer ETH to an address: signed locally, sent, and waited for until mined.
+
+    Example: [bold]needle-net send 0x7099...79C8 1.5 --keystore me.json[/bold]
+    """
+    from web3 import Web3
+    from web3.exceptions import Web3RPCError
+
+    from chain.client import ChainClient
+
+    digits = to.removeprefix("0x")
+    mixed_case = digits != digits.lower() and digits != digits.upper()
+    if not Web3.is_address(to) or (mixed_case and not Web3.is_checksum_address(to)):
+        _fail(f"{to!r} is not an address: 0x and 40 hex digits, and if mixed-case, with a "
+              "valid checksum")
+    value = int(round(amount * ETHER))
+    if value <= 0:
+        _fail(f"amount must be positive, got {amount}")
+    account = _account(keystore, password_file)
+    to = Web3.to_checksum_address(to)
+    if not yes and not typer.confirm(f"send {amount:g} ETH from {account.address} to {to}?"):
+        _fail("cancelled")
+    client = ChainClient(rpc_url, account.key)
+    try:
+        tx = {"to": to, "value": value, "gas": TRANSFER_GAS, "chainId": client.chain_id,
+              "nonce": client.w3.eth.get_transaction_count(account.address, "pending"),
+              "maxFeePerGas": client.w3.eth.gas_price * 2, "maxPriorityFeePerGas": 0}
+        try:
+            tx_hash = client.w3.eth.send_raw_transaction(account.sign_transaction(tx)
+                                                         .raw_transaction)
+        except Web3RPCError as err:  # the node's refusal, e.g. insufficient funds
+            _fail(f"transfer refused: {err}")
+        receipt = client.wait_for_receipt(tx_hash)
+    finally:
+        client.close()
+    console.print(f"sent {amount:g} ETH to {to} in block {receipt['blockNumber']} "
+                  f"(tx {tx_hash.to_0x_hex()})")
 
 
 @app.command()

@@ -183,6 +183,7 @@ class JobClient:
                         if p is not None and p.result is None:
                             self._apply(p, event)
                     self._next_block = head + 1
+                    self._fetch_verified(pending)
                 for p in pending:
                     if p.result is None:
                         self._nudge(p, head)
@@ -215,8 +216,14 @@ class JobClient:
                                  "refunded the fee", p.job_id)
         elif name == "JobVerified":
             _enter(p, "verified")  # finalised with a pass: the fee went to the worker
-            p.result = self._fetch(p)
-            _enter(p, "paid")
+
+    def _fetch_verified(self, pending: list[_Pending]) -> None:
+        """Fetch and check the results of newly verified jobs, several at a time."""
+        verified = [p for p in pending if p.stage == "verified" and p.result is None]
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            for p, c in zip(verified, pool.map(self._fetch, verified), strict=True):
+                p.result = c
+                _enter(p, "paid")
 
     def _nudge(self, p: _Pending, head: int) -> None:
         """Keep a job moving when its worker does not."""

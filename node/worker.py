@@ -30,6 +30,7 @@ from node.market import (
     JOB_COMMITTED,
     JOB_OPEN,
     PRECISIONS,
+    UPLOAD_THREADS,
     Job,
     Market,
     TxReverted,
@@ -104,6 +105,7 @@ class Worker:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="job")
+        self._blob_pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="blob")
         self._candidates: dict[int, Job | None] = {}
         self._tasks = 0  # claimed jobs and batches of small jobs on the pool
         self._stake_wei = 0
@@ -133,13 +135,15 @@ class Worker:
             tmp.write_text(json.dumps(data))
             os.replace(tmp, self._state_path)
 
-    def _set_stage(self, record: JobRecord, stage: str, detail: str = "") -> None:
+    def _set_stage(self, record: JobRecord, stage: str, detail: str = "",
+                   save: bool = True) -> None:
         with self._lock:
             record.stage = stage
             record.detail = detail
             if stage in FINISHED:
                 record.seconds = time.time() - record.started
-        self._save_state()
+        if save:
+            self._save_state()
 
     # -- views for the API ---------------------------------------------------------------
 
@@ -209,6 +213,7 @@ class Worker:
         finally:
             log.info("stopping: finishing %d job(s) in flight", self.status()["in_flight"])
             self._pool.shutdown(wait=True)
+            self._blob_pool.shutdown(wait=True)
             self._save_state()
             self._stop_api()
 
@@ -369,11 +374,12 @@ class Worker:
         (jobs another worker took first are skipped) and finalise them in one more."""
         try:
             ready, c_ids = [], []
-            for record, job in zip(records, jobs, strict=True):
-                try:
-                    c_ids.append(self._compute(job))
+            outcomes = self._blob_pool.map(self._try_compute, jobs)  # transfers overlap
+            for record, job, (c_id, err) in zip(records, jobs, outcomes, strict=True):
+                if err is None:
+                    c_ids.append(c_id)
                     ready.append((record, job))
-                except Exception as err:  # noqa: BLE001 - not committed: skip, lose nothing
+                else:  # not committed: skipped, nothing lost
                     log.warning("job %d skipped: %s", job.job_id, err)
                     self._set_stage(record, "error", f"{type(err).__name__}: {err}")
             if not ready:
@@ -409,14 +415,17 @@ class Worker:
             with self._lock:
                 self._tasks -= 1
 
-    def _compute(self, job: Job) -> bytes:
-        """Fetch A and B, compute C and upload it; returns C's id."""
-        a = self._retry(self.chain.get_array, job.a_id)
-        b = self._retry(self.chain.get_array, job.b_id)
-        c = compute.matmul(a, b, self.device)
-        if self.config.corrupt_results:
-            c = compute.corrupt(c, self._rng)
-        return self._retry(self.chain.put_array, c)
+    def _try_compute(self, job: Job) -> tuple[bytes | None, Exception | None]:
+        """Fetch A and B, compute C and upload it: (C's id, None), or (None, the error)."""
+        try:
+            a = self._retry(self.chain.get_array, job.a_id)
+            b = self._retry(self.chain.get_array, job.b_id)
+            c = compute.matmul(a, b, self.device)
+            if self.config.corrupt_results:
+                c = compute.corrupt(c, self._rng)
+            return self._retry(self.chain.put_array, c), None
+        except Exception as err:  # noqa: BLE001 - reported per job by the caller
+            return None, err
 
     def _finalize_all(self, committed: list[tuple[JobRecord, Job]], commit_block: int) -> None:
         """One finalizeJobs transaction (it lands in the next block, the first one allowed);
@@ -430,7 +439,8 @@ class Worker:
         for record, job in committed:
             verdict = verdicts.get(job.job_id) or self._retry(
                 self.chain.verdict, job.job_id, self.address, commit_block)
-            self._record_verdict(record, verdict)
+            self._record_verdict(record, verdict, save=False)
+        self._save_state()
 
     def _compute_and_commit(self, record: JobRecord, job: Job) -> None:
         t0 = time.perf_counter()
@@ -478,21 +488,23 @@ class Worker:
             verdict = self._retry(self.chain.verdict, job.job_id, self.address, commit_block)
         self._record_verdict(record, verdict)
 
-    def _record_verdict(self, record: JobRecord, verdict: Verdict | None) -> None:
+    def _record_verdict(self, record: JobRecord, verdict: Verdict | None,
+                        save: bool = True) -> None:
         if verdict is None:
-            self._set_stage(record, "lost", "not finalised in time")
+            self._set_stage(record, "lost", "not finalised in time", save)
             self.metrics.jobs.labels("lost").inc()
         elif verdict.passed:
-            self._set_stage(record, "verified")
+            self._set_stage(record, "verified", save=save)
             self.metrics.jobs.labels("verified").inc()
             self.metrics.verifications.labels("pass").inc()
             self.metrics.flops.inc(verdict.flops)
             self.metrics.earned.inc(verdict.fee_wei)
         elif verdict.cancelled:
-            self._set_stage(record, "lost", "operands rejected: fee refunded to the submitter")
+            self._set_stage(record, "lost", "operands rejected: fee refunded to the submitter",
+                            save)
             self.metrics.jobs.labels("lost").inc()
         else:
-            self._set_stage(record, "failed", f"slashed {verdict.slashed_wei} wei")
+            self._set_stage(record, "failed", f"slashed {verdict.slashed_wei} wei", save)
             self.metrics.jobs.labels("failed").inc()
             self.metrics.verifications.labels("fail").inc()
 
