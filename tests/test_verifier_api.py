@@ -109,6 +109,8 @@ def test_verify_many_gives_one_result_per_triple():
     results = verify_many(triples, seed=SEED)
     assert [r.passed for r in results] == [True, False, True]
     assert verify_many(triples, seed=SEED) == results
+    child = shake_stream(SEED, b"child:" + (1).to_bytes(8, "big"), 32)  # the documented seed
+    assert verify(*triples[1], seed=child) == results[1]
 
 
 @pytest.mark.parametrize("shapes, message", [
