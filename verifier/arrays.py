@@ -7,7 +7,7 @@ from types import ModuleType
 import numpy as np
 
 BLOCK_BYTES = 1 << 20  # a row block in the evaluation dtype, kept in cache while it is used
-NARROW = 2  # up to this many columns of W, one matrix-vector product each beats a skinny gemm
+NARROW = 6  # up to this many columns of W, one matrix-vector product each beats a skinny gemm
 
 
 def module_of(*arrays) -> ModuleType:
