@@ -6,7 +6,9 @@ every insert: about 15 % of sealing a block of ``submitJob`` transactions for th
 tries, and 28 % for the market's storage trie (four new slots per job). Here the keys are
 sorted once; new tries are built bottom-up and existing ones updated top-down, so each node
 on a changed path is decoded, encoded and hashed exactly once. Roots are the same (the
-trie is canonical for its contents; tests compare with py-trie).
+trie is canonical for its contents; tests compare with py-trie). Nodes are content-addressed,
+so decoded ones are kept in one process-wide LRU cache, valid whatever database they came
+from; storage reads (``trie_get``) walk the trie through it.
 """
 from __future__ import annotations
 
@@ -16,9 +18,34 @@ import rlp
 from eth.constants import BLANK_ROOT_HASH
 from eth_hash.auto import keccak
 from eth_typing import Hash32
+from lru import LRU
 
 Node = list  # [path, value] (leaf or extension) or 17 items (branch)
 Nibbles = bytes  # one nibble per byte
+BLANK = b""  # an empty node or child slot
+_decoded: LRU = LRU(1 << 16)  # node hash -> decoded node (never mutated)
+
+
+class MissingNode(Exception):
+    """A trie node the database does not hold (a corrupt or partial database); not a
+    KeyError, which py-evm's storage reads take for an empty slot."""
+
+
+def encode_node(item: Node | bytes) -> bytes:
+    """RLP (yellow paper, appendix B) of a trie node: nested lists of byte strings."""
+    if isinstance(item, bytes):
+        if len(item) == 1 and item[0] < 0x80:
+            return item
+        return _length_prefix(len(item), 0x80) + item
+    payload = b"".join([encode_node(child) for child in item])
+    return _length_prefix(len(payload), 0xC0) + payload
+
+
+def _length_prefix(length: int, offset: int) -> bytes:
+    if length < 56:
+        return bytes([offset + length])
+    size = length.to_bytes((length.bit_length() + 7) // 8, "big")
+    return bytes([offset + 55 + len(size)]) + size
 
 
 def _nibbles(key: bytes) -> Nibbles:
@@ -69,11 +96,12 @@ def _build(items: Sequence[tuple[Nibbles, bytes]], depth: int,
 
 def _reference(node: Node, nodes: MutableMapping[Hash32, bytes]) -> Node | Hash32:
     """How a parent refers to a node: inline below 32 encoded bytes, else by hash."""
-    encoded = rlp.encode(node)
+    encoded = encode_node(node)
     if len(encoded) < 32:
         return node
     node_hash = keccak(encoded)
     nodes[node_hash] = encoded
+    _decoded[node_hash] = node
     return node_hash
 
 
@@ -85,14 +113,13 @@ def trie_root_and_nodes(items: Sequence) -> tuple[Hash32, dict[Hash32, bytes]]:
     keyed = sorted((_nibbles(rlp.encode(index)), item.encode())
                    for index, item in enumerate(items))
     nodes: dict[Hash32, bytes] = {}
-    encoded = rlp.encode(_build(keyed, 0, nodes))
+    encoded = encode_node(_build(keyed, 0, nodes))
     root = keccak(encoded)
     nodes[root] = encoded
     return root, nodes
 
 
-# --- updating a stored trie with many keys at once ------------------------------------------
-BLANK = b""  # an empty node or child slot
+# --- reading and updating a stored trie ------------------------------------------------------
 
 
 def _path_of(encoded_path: bytes) -> tuple[Nibbles, bool]:
@@ -104,9 +131,35 @@ def _path_of(encoded_path: bytes) -> tuple[Nibbles, bool]:
 
 def _resolve(ref: Node | bytes, db: Mapping[bytes, bytes]) -> Node | bytes:
     """The node a parent refers to (a hash is looked up; inline nodes and BLANK as they are)."""
-    if isinstance(ref, bytes) and len(ref) == 32:
-        return rlp.decode(db[ref])
-    return ref
+    if not (isinstance(ref, bytes) and len(ref) == 32):
+        return ref
+    node = _decoded.get(ref)
+    if node is None:
+        try:
+            node = rlp.decode(db[ref])
+        except KeyError as exc:
+            raise MissingNode(ref) from exc
+        _decoded[ref] = node
+    return node
+
+
+def trie_get(db: Mapping[bytes, bytes], root: Hash32, key: bytes) -> bytes:
+    """The value at ``key`` in the trie at ``root`` (``b""`` when absent, as py-trie)."""
+    path = _nibbles(key)
+    node = _resolve(BLANK if root == BLANK_ROOT_HASH else root, db)
+    while node != BLANK:
+        if len(node) == 17:
+            if not path:
+                return node[16]
+            node, path = _resolve(node[path[0]], db), path[1:]
+            continue
+        node_path, is_leaf = _path_of(node[0])
+        if is_leaf:
+            return node[1] if node_path == path else BLANK
+        if path[:len(node_path)] != node_path:
+            return BLANK
+        node, path = _resolve(node[1], db), path[len(node_path):]
+    return BLANK
 
 
 def _update(ref: Node | bytes, changes: list[tuple[Nibbles, bytes]],
@@ -179,7 +232,8 @@ def update_trie(db: MutableMapping[bytes, bytes], root: Hash32,
     node = _update(BLANK if root == BLANK_ROOT_HASH else root, paths, db, db)
     if node == BLANK:
         return BLANK_ROOT_HASH
-    encoded = rlp.encode(node)
+    encoded = encode_node(node)
     new_root = keccak(encoded)
     db[new_root] = encoded
+    _decoded[new_root] = node
     return new_root

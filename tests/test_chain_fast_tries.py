@@ -6,6 +6,7 @@ import os
 import random
 
 import pytest
+import rlp
 from eth.constants import BLANK_ROOT_HASH
 from eth.db.account import AccountDB
 from eth.db.atomic import AtomicDB
@@ -13,7 +14,20 @@ from eth_hash.auto import keccak
 from trie import HexaryTrie
 
 from chain.storage import BatchedAccountDB
-from chain.tries import update_trie
+from chain.tries import MissingNode, encode_node, trie_get, update_trie
+
+
+def test_encode_node_is_rlp():
+    rng = random.Random(2)
+
+    def item(depth):
+        if depth > 3 or rng.random() < 0.4:
+            return os.urandom(rng.choice([0, 1, 1, 2, 31, 55, 56, 300, 70000]))
+        return [item(depth + 1) for _ in range(rng.choice([0, 1, 2, 17]))]
+    for _ in range(300):
+        value = item(0)
+        assert encode_node(value) == rlp.encode(value)
+    assert encode_node(b"\x7f") == b"\x7f" and encode_node(b"\x80") == b"\x81\x80"
 
 
 def random_batch(rng: random.Random, present: dict, new_key, size: int) -> dict:
@@ -57,6 +71,10 @@ def test_batched_updates_match_py_trie(key_kind, seed):
         assert root == reference.root_hash
         stored = HexaryTrie(db, root)  # every node of the new trie was written
         assert all(stored[key] == value for key, value in present.items())
+        for key in [*present, new_key(), new_key()]:  # reads through the node cache
+            assert trie_get(db, root, key) == reference[key]
+    with pytest.raises(MissingNode):  # a root whose node the database does not hold
+        trie_get(db, keccak(b"no such node"), keccak(b"x"))
     # delete everything: back to the blank root
     root = update_trie(db, root, dict.fromkeys(present, b""))
     assert root == BLANK_ROOT_HASH
