@@ -125,20 +125,27 @@ class ChainClient:
         except TransactionNotFound:
             return None
 
-    def send(self, fn_call, value: int = 0, gas: int | None = None):
-        """Sign, send and wait for a contract call; raises TransactionReverted on status 0."""
+    def post(self, fn_call, value: int = 0, gas: int | None = None) -> bytes:
+        """Sign and send a contract call without waiting for it; its hash."""
         raw = self.sign(fn_call, value=value, gas=gas)
         try:
-            tx_hash = self.w3.eth.send_raw_transaction(raw)
+            return bytes(self.w3.eth.send_raw_transaction(raw))
         except Exception:
             self._nonce = None  # resynchronise with the node on the next call
             self._fee = None
             raise
+
+    def confirm(self, fn_call, tx_hash: bytes, value: int = 0):
+        """Wait for a posted call's receipt; raises TransactionReverted on status 0."""
         receipt = self.wait_for_receipt(tx_hash)
         if receipt["status"] != 1:
             raise TransactionReverted(f"{fn_call.fn_name} reverted in tx 0x{tx_hash.hex()}"
                                       f"{self._revert_reason(fn_call, value, receipt)}")
         return receipt
+
+    def send(self, fn_call, value: int = 0, gas: int | None = None):
+        """Sign, send and wait for a contract call; raises TransactionReverted on status 0."""
+        return self.confirm(fn_call, self.post(fn_call, value, gas), value)
 
     def _revert_reason(self, fn_call, value: int, receipt) -> str:
         """Why a mined transaction reverted: the call replayed on the state before its block

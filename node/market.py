@@ -123,6 +123,16 @@ class Market:
         call = getattr(self.contract.functions, fn_name)(*args)
         return self.client.send(call, value=value, gas=gas)
 
+    def post_with_gas(self, gas: int, fn_name: str, *args):
+        """Send a contract call with a fixed gas limit without waiting; (call, tx hash) for
+        `confirm`."""
+        call = getattr(self.contract.functions, fn_name)(*args)
+        return call, self.client.post(call, gas=gas)
+
+    def confirm(self, posted):
+        """The receipt of a `post_with_gas` call; TxReverted if it reverted."""
+        return self.client.confirm(*posted)
+
     def block_number(self) -> int:
         return self.w3.eth.block_number
 

@@ -274,12 +274,16 @@ class Worker:
             self._rng.shuffle(new)  # workers seeing the same jobs then rarely race for one
             self._candidates.update(new)
             self._next_block = head + 1
-            self._save_state()
+        self._take_candidates()
+        self._save_state()
         if time.time() - self._account_refreshed > ACCOUNT_REFRESH_SECONDS:
             self._stake_wei = self.chain.stake_of(self.address)
             self._balance_wei = self.chain.balance_of(self.address)
             self.metrics.stake.set(self._stake_wei)
             self._account_refreshed = time.time()
+
+    def _take_candidates(self) -> None:
+        """Start work on acceptable open jobs: small ones as one batch, large ones claimed."""
         small: list[Job] = []
         for job_id in list(self._candidates):
             busy = self._tasks + bool(small) >= self.config.max_in_flight
@@ -385,8 +389,15 @@ class Worker:
             if not ready:
                 return
             t0 = time.perf_counter()
-            receipt = self._retry(self.chain.send_with_gas, commit_jobs_gas(len(ready)),
-                                  "commitJobs", [j.job_id for _, j in ready], c_ids)
+            ids = [j.job_id for _, j in ready]
+            commit = self._retry(self.chain.post_with_gas, commit_jobs_gas(len(ids)),
+                                 "commitJobs", ids, c_ids)
+            # finalizeJobs right behind it: the node seals a lone transaction at once, so
+            # this one lands in the next block, the first where finalising is allowed (in
+            # the same block it would skip the jobs, and _finalize_all sends it again)
+            gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in ready)
+            early = self._retry(self.chain.post_with_gas, gas, "finalizeJobs", ids)
+            receipt = self.chain.confirm(commit)
             self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t0)
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
@@ -398,7 +409,7 @@ class Worker:
                 record.stage = "committed"
             self.metrics.jobs.labels("committed").inc(len(committed))
             if committed:
-                self._finalize_all(committed, receipt["blockNumber"])
+                self._finalize_all(committed, receipt["blockNumber"], early)
         except TxReverted as err:
             log.warning("batch commit reverted: %s", err)
             for record in records:
@@ -427,15 +438,20 @@ class Worker:
         except Exception as err:  # noqa: BLE001 - reported per job by the caller
             return None, err
 
-    def _finalize_all(self, committed: list[tuple[JobRecord, Job]], commit_block: int) -> None:
-        """One finalizeJobs transaction (it lands in the next block, the first one allowed);
-        verdicts come from its receipt, or from the chain for jobs someone else finalised."""
+    def _finalize_all(self, committed: list[tuple[JobRecord, Job]], commit_block: int,
+                      early) -> None:
+        """Verdicts from the receipt of the finalizeJobs sent with the commit; jobs it skipped
+        (it landed in the commit's block) are finalised once more; jobs someone else
+        finalised are looked up on the chain."""
         t0 = time.perf_counter()
-        ids = [j.job_id for _, j in committed]
-        gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in committed)
-        receipt = self._retry(self.chain.send_with_gas, gas, "finalizeJobs", ids)
+        verdicts = self.chain.verdicts_in(self.chain.confirm(early))
+        again = [(r, j) for r, j in committed if j.job_id not in verdicts]
+        if again:
+            gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in again)
+            receipt = self._retry(self.chain.send_with_gas, gas, "finalizeJobs",
+                                  [j.job_id for _, j in again])
+            verdicts.update(self.chain.verdicts_in(receipt))
         self.metrics.stage_latency.labels("finalize").observe(time.perf_counter() - t0)
-        verdicts = self.chain.verdicts_in(receipt)
         for record, job in committed:
             verdict = verdicts.get(job.job_id) or self._retry(
                 self.chain.verdict, job.job_id, self.address, commit_block)
