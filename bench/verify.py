@@ -53,10 +53,10 @@ def best_time(fn, repeats: int, sync=lambda: None) -> float:
 def three_passes(xp, A, B, C, R) -> None:
     """The float check's reads of B, C and A (products with R and the absolute-value sums)
     without the vector derivation, the bound's O(n) arithmetic and the verdict."""
-    ones = np.ones(B.shape[1], np.float32)  # vectors stay on the host (verifier.arrays)
+    ones = xp.ones(B.shape[1], np.float32)
     X, _ = products(xp, B, R, ones, np.float32)
     products(xp, C, R, ones, np.float32)
-    products(xp, A, X, np.ones(A.shape[1], np.float32), np.float32)
+    products(xp, A, X, xp.ones(A.shape[1], np.float32), np.float32)
 
 
 def timing_rows(n: int, xp, sync, int_matmul_limit: int,
@@ -77,7 +77,7 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
                             sync)
         rows.append((f"verify fp32, {rounds} rounds", seconds, sgemm))
         if rounds in (DEFAULT_ROUNDS["fp32"], 1):
-            R = sign_vectors(SEED, n, rounds)
+            R = xp.asarray(sign_vectors(SEED, n, rounds))
             seconds = best_time(lambda R=R: three_passes(xp, A, B, C, R), repeats, sync)
             rows.append(("  of which the 3 passes over B, C, A", seconds, sgemm))
     Ai = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))

@@ -23,7 +23,7 @@ def test_fused_kernel_matches_float64_products(columns, accumulator):
     M = rng.standard_normal((300, 1000), dtype=np.float32)
     W = rng.standard_normal((1000, columns)).astype(accumulator)
     v = rng.random(1000).astype(accumulator)
-    S, a = signed_and_abs(cupy.asarray(M), W, v, accumulator)  # W and v stay on the host
+    S, a = signed_and_abs(cupy.asarray(M), cupy.asarray(W), cupy.asarray(v), accumulator)
     assert S.dtype == accumulator and a.dtype == accumulator
     M64, W64, v64 = M.astype(np.float64), W.astype(np.float64), v.astype(np.float64)
     # float64: rounding far below 1e-12; float32: within gamma_1000(2^-24) of |M| |W|
@@ -31,7 +31,7 @@ def test_fused_kernel_matches_float64_products(columns, accumulator):
     assert (np.abs(cupy.asnumpy(S) - M64 @ W64) <= scale * (np.abs(M64) @ np.abs(W64))).all()
     assert (np.abs(cupy.asnumpy(a) - np.abs(M64) @ v64) <= scale * (np.abs(M64) @ v64)).all()
     strided = cupy.asarray(M.T.copy()).T  # same values, column-major
-    S_t, none = signed_and_abs(strided, W, None, accumulator)
+    S_t, none = signed_and_abs(strided, cupy.asarray(W), None, accumulator)
     assert none is None
     np.testing.assert_array_equal(cupy.asnumpy(S_t), cupy.asnumpy(S))
 

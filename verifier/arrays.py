@@ -32,26 +32,21 @@ def as_array(xp: ModuleType, x, name: str):
 
 def products(xp: ModuleType, M, W, v, dtype):
     """(M @ W, |M| @ v) evaluated in dtype, reading M once; v may be None. M may carry
-    leading batch dimensions (then W and v may too). W, v and both results are host arrays
-    whatever xp is: only the passes over M run on a device; the O(n) arithmetic around them
-    is numpy's on every node.
+    leading batch dimensions (then W and v may too).
 
     On the host M is taken in row blocks of BLOCK_BYTES in dtype, small enough to stay in
     cache, so M is read from memory once and the absolute value and any conversion to dtype
     never make a full-size copy of it. On a GPU a fused kernel does the same.
     """
-    if xp is not np and M.ndim == 2 and dtype != np.int64:
+    if M.ndim > 2:  # a stack of small matrices: whole-array operations beat a Python loop
+        Mx = M.astype(dtype, copy=False)
+        return Mx @ W, (None if v is None else (xp.abs(Mx) @ v[..., None])[..., 0])
+    if xp is not np:
         from verifier.gpu import signed_and_abs
 
-        signed, absolute = signed_and_abs(M, W, v, dtype)
-        return signed.get(), (None if v is None else absolute.get())
-    if M.ndim > 2 or xp is not np:  # stacks of small matrices (whole-array operations beat a
-        Mx = M.astype(dtype, copy=False)  # Python loop), or int64 limbs for huge exact entries
-        signed = Mx @ xp.asarray(W)
-        absolute = None if v is None else (xp.abs(Mx) @ xp.asarray(v)[..., None])[..., 0]
-        if xp is np:
-            return signed, absolute
-        return signed.get(), (None if v is None else absolute.get())
+        if dtype == np.int64:  # int64 limbs: huge exact entries, rare
+            return M.astype(dtype, copy=False) @ W, None
+        return signed_and_abs(M, W, v, dtype)
     rows, cols = M.shape
     narrow = W.shape[1] <= NARROW
     signed = np.empty((W.shape[1], rows) if narrow else (rows, W.shape[1]), dtype)

@@ -143,7 +143,7 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
         return VerifyResult(False, float(too_large.sum()), rounds, bound,
                             f"C has an entry of magnitude {bound_c}, above k * max|A| * max|B| "
                             f"= {product_bound}: not the integer product of A and B")
-    R = field_vectors(seed, n, rounds)
+    R = xp.asarray(field_vectors(seed, n, rounds))
     mismatches, first = 0, None
     for index, a, b, c in _elements(xp, A, B, C, batch):
         wrong, row = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c)

@@ -54,12 +54,12 @@ def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, tuple, str
 
 
 def worst_per_row(xp: ModuleType, A, B, C, R, precision: str, dtype) -> np.ndarray:
-    """max over rounds of |C R - A (B R)| - tau per row, on the host. Not finite wherever
-    some quantity it depends on is not: NaN/Inf in, or overflow (IEEE arithmetic carries
-    both through every product and sum)."""
+    """max over rounds of |C R - A (B R)| - tau per row, on the host (one transfer from a
+    device). Not finite wherever some quantity it depends on is not: NaN/Inf in, or
+    overflow (IEEE arithmetic carries both through every product and sum)."""
     residual, tau = residual_and_bound(xp, A, B, C, R, precision, dtype)
     row_excess = (residual - tau[..., None]).max(axis=-1)  # max propagates NaN
-    return row_excess
+    return row_excess if xp is np else row_excess.get()
 
 
 def float32_possible(n: int, k: int) -> bool:
@@ -75,14 +75,14 @@ def charged_unit(n: int, k: int, dtype) -> tuple[float, float]:
     return float(np.finfo(dtype).eps) / 2, float(np.finfo(dtype).tiny)
 
 
-def up(x, dtype):
+def up(xp: ModuleType, x, dtype):
     """x (float64) rounded upwards into dtype: one step past round-to-nearest."""
-    return np.nextafter(x.astype(dtype), np.asarray(np.inf, dtype))
+    return xp.nextafter(x.astype(dtype), xp.asarray(np.inf, dtype))
 
 
 def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.float32):
-    """(|C R - A (B R)| as computed, (..., m, rounds); tau, (..., m)), both float64 host
-    arrays, evaluated in dtype. A, B, C are single matrices or share their leading batch
+    """(|C R - A (B R)| as computed, (..., m, rounds); tau, (..., m)), both float64,
+    evaluated in dtype. A, B, C are single matrices or share their leading batch
     dimensions. Some entries are not finite when an input holds NaN/Inf or the evaluation
     overflowed."""
     m, k = A.shape[-2:]
@@ -95,15 +95,15 @@ def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.floa
     w_t = f * (1 + u_in) ** 2 - 1 + g_n + g_k * (1 + g_n)
     w_rho = f * (1 + u_in) * TINY * n + (1 + g_k) * eta_n
 
-    R = np.asarray(R, dtype=dtype)
-    X, s_hat = products(xp, B, R, np.ones(n, dtype), dtype)
-    Z, c_hat = products(xp, C, R, np.ones(n, dtype), dtype)
+    R = xp.asarray(R, dtype=dtype)
+    X, s_hat = products(xp, B, R, xp.ones(n, dtype), dtype)
+    Z, c_hat = products(xp, C, R, xp.ones(n, dtype), dtype)
     s = (s_hat.astype(np.float64) + eta_n) / (1 - g_n)  # upper bound on |B| 1
-    weights = up(w_t * s + w_rho, dtype)
+    weights = up(xp, w_t * s + w_rho, dtype)
     Y, a_hat = products(xp, A, X, weights, dtype)
     a_term = (a_hat.astype(np.float64) + eta_k) / (1 - g_k)
     c = (c_hat.astype(np.float64) + eta_n) / (1 - g_n)
     constant = (f * (1 + u_in) * TINY * s.sum(axis=-1, keepdims=True)
                 + n * (10 * k + 2) * TINY + eta_n + eta_k)
     tau = SAFETY * (a_term + g_n * c + constant)
-    return np.abs(Z.astype(np.float64) - Y.astype(np.float64)), tau
+    return xp.abs(Z.astype(np.float64) - Y.astype(np.float64)), tau

@@ -126,18 +126,17 @@ def _kernel(columns: int, dtype: str, accumulator: str, with_abs: bool):
 
 
 def signed_and_abs(M, W, v, accumulator):
-    """(M @ W, |M| @ v or None when v is None) on the device, both in the accumulator type
-    (float32 or float64), for M (rows, cols) on the device of a type in C_TYPES and host
-    arrays W (cols, K), v (cols,)."""
+    """(M @ W, |M| @ v or None when v is None), both in the accumulator type (float32 or
+    float64), for device arrays M (rows, cols) of a type in C_TYPES, W (cols, K), v (cols,)."""
     import cupy
 
     accumulator = np.dtype(accumulator).name
     M = cupy.ascontiguousarray(M)
     rows, cols = M.shape
     columns = W.shape[1]
-    WT = cupy.asarray(np.ascontiguousarray(W.T, dtype=accumulator))
+    WT = cupy.ascontiguousarray(W.T, dtype=accumulator)
     with_abs = v is not None
-    v = cupy.asarray(np.asarray(v, dtype=accumulator)) if with_abs else WT  # unread if no abs
+    v = cupy.ascontiguousarray(v, dtype=accumulator) if with_abs else WT  # unread if no abs
     S = cupy.empty((rows, columns), accumulator)
     a = cupy.empty(rows, accumulator)
     blocks = -(-rows // (WARPS * rows_per_warp(columns, accumulator)))
