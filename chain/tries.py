@@ -48,8 +48,12 @@ def _length_prefix(length: int, offset: int) -> bytes:
     return bytes([offset + 55 + len(size)]) + size
 
 
+_HEX_DIGIT_VALUES = bytes.maketrans(b"0123456789abcdef", bytes(range(16)))
+
+
 def _nibbles(key: bytes) -> Nibbles:
-    return bytes(n for byte in key for n in (byte >> 4, byte & 15))
+    """One nibble per byte, high nibble first (through hex digits: one C-level pass)."""
+    return key.hex().encode().translate(_HEX_DIGIT_VALUES)
 
 
 def _hex_prefix(nibbles: Nibbles, leaf: bool) -> bytes:
