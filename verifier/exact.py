@@ -35,7 +35,7 @@ def magnitude(M, limit: int) -> int:
     return bound if bound <= limit else data_magnitude(M)
 
 
-def rotate(xp: ModuleType, x, shift):
+def rotate(x, shift):
     """x * 2^shift mod p for x in [0, p) (int64) and shift in [0, 61), an int or an integer
     array broadcasting against x: 2^61 = 1 mod p makes it a 61-bit rotation."""
     u = x.astype(np.uint64)
@@ -62,7 +62,7 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int):
         M64 = M.astype(np.int64, copy=False)
         high = matmul_mod_p(xp, M64 >> 32, V, SPLIT // 2)
         low = matmul_mod_p(xp, M64 & (SPLIT - 1), V, SPLIT - 1)
-        return add_mod(xp, rotate(xp, high, 32), low)
+        return add_mod(xp, rotate(high, 32), low)
     inner, cols = V.shape
     width, dtype = limb_width(bound, inner, 1 << 53), np.float64
     if width < 8:  # huge entries or inner dimensions: int64 (numpy's own loops) instead
@@ -72,10 +72,10 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int):
     pieces = (V[:, None, :] >> shifts) & ((1 << width) - 1)  # (inner, limbs, cols)
     sums, _ = products(xp, M, pieces.reshape(inner, limbs * cols).astype(dtype), None, dtype)
     residues = sums.astype(np.int64).reshape(-1, limbs, cols) % P
-    terms = rotate(xp, residues, shifts % 61)  # (M v_t) 2^(w t) mod p, each in [0, p)
+    terms = rotate(residues, shifts % 61)  # (M v_t) 2^(w t) mod p, each in [0, p)
     high = (terms >> 32).sum(axis=1)  # at most 31 terms: both sums stay below p
     low = (terms & (SPLIT - 1)).sum(axis=1)
-    return add_mod(xp, rotate(xp, high, 32), low)
+    return add_mod(xp, rotate(high, 32), low)
 
 
 def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int,
