@@ -401,8 +401,9 @@ class Worker:
             self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t0)
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
+            batch = {id(r) for r in records}
             with self._lock:  # a job another worker committed first was never ours
-                self.jobs = [r for r in self.jobs if r not in records
+                self.jobs = [r for r in self.jobs if id(r) not in batch
                              or r.job_id in ours or r.stage in FINISHED]
             committed = [(r, j) for r, j in ready if j.job_id in ours]
             for record, _ in committed:

@@ -16,6 +16,7 @@ from chain.launch import NodeProcess
 pytestmark = pytest.mark.timeout(120)
 ETHER = 10**18
 FEE = 10**16
+REWARD_PER_GFLOP = ETHER // 1000
 MARKET = "0x000000000000000000000000000000000000c0DE"
 OPEN, COMMITTED, DONE = 1, 3, 4
 RNG = np.random.default_rng(5)
@@ -94,12 +95,21 @@ def test_commit_jobs_claims_open_jobs_in_one_step_and_skips_taken_ones(clients):
     assert second.market.functions.workerInfo(second.address).call()[2] == claims_before + 2
 
     escrow = anyone.market.functions.totalEscrow().call()
+    w3 = anyone.w3
+    paid_before = [w3.eth.get_balance(w.address) for w in (first, second)]
     receipt = anyone.send(anyone.market.functions.finalizeJobs([j0, j1, j2]))
     verified = {e["args"]["jobId"]: e["args"]["worker"]
                 for e in anyone.events(receipt, "JobVerified")}
     assert verified == {j0: first.address, j1: second.address, j2: second.address}
     assert all(anyone.get_job(j)["status"] == DONE for j, _, _ in jobs)
     assert anyone.market.functions.totalEscrow().call() == escrow - 3 * FEE
+    # fees, plus the block's reward split by FLOPs (docs/protocol.md: 0.001 ETH per GFLOP)
+    flops = [2 * 6 * 5 * 4, 2 * (2 * 6 * 5 * 4)]
+    reward = REWARD_PER_GFLOP * sum(flops) // 10**9
+    for worker, jobs_done, f, before in zip((first, second), (1, 2), flops, paid_before,
+                                            strict=True):
+        assert w3.eth.get_balance(worker.address) - before == \
+            jobs_done * FEE + reward * f // sum(flops)
     for j, a, b in jobs:
         np.testing.assert_allclose(anyone.get_blob(anyone.get_job(j)["cId"]),
                                    a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
