@@ -8,12 +8,16 @@ receive the same kind of pre-signed EIP-1559 transactions:
 - needle-net: a real `python -m chain up` process over HTTP, transactions sent as batched
   eth_sendRawTransaction requests, many transactions per block.
 
+Also, in process: the CPU time of sealing blocks of submitJob transactions (Node.seal) with
+needle-net's execution path (chain/interpreter.py, chain/storage.py) and with stock py-evm's.
+
 Transactions are signed before the clock starts (signing is the client's cost). The rate is
 transactions included in sealed blocks per second of wall time, from the first send to the
 moment every sender's nonce is mined. Also reported: jobs per second through submitJobs
 (many jobs per transaction).
 
     python bench/chain_tps.py [--txs 2000] [--reference-txs 200] [--senders 8] [--many-txs 64]
+                              [--seal-blocks 3] [--seal-block-txs 480]
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from web3 import EthereumTesterProvider, Web3
 from chain.compile import compiled_market
 from chain.devnet import dev_accounts
 from chain.launch import NodeProcess
+from chain.node import Node, NodeConfig
 from chain.params import CHAIN_ID, MARKET_ADDRESS
 
 
@@ -132,6 +137,27 @@ def node_rate(url: str, pid: int, signed: list[list[bytes]], batch: int,
     return total / elapsed, total / cpu
 
 
+def seal_rates(market, accounts, per_block: int, blocks: int, fast: bool) -> list[float]:
+    """submitJob transactions per CPU second of Node.seal, in process, block after block
+    (admission not counted)."""
+    per_sender = per_block // len(accounts)
+    signed = sign_all(market, accounts, per_sender * blocks, CHAIN_ID, 10**11)
+    rates = []
+    with tempfile.TemporaryDirectory() as tmp:
+        node = Node(NodeConfig(Path(tmp) / "data", block_time=0, fast_execution=fast))
+        try:
+            for b in range(blocks):
+                for raws in signed:
+                    for raw in raws[b * per_sender:(b + 1) * per_sender]:
+                        node.admit(bytes(raw))
+                start = time.process_time()
+                block = node.seal()
+                rates.append(len(block.transactions) / (time.process_time() - start))
+        finally:
+            node.stop()
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--txs", type=int, default=2000, help="submitJob txs into the node")
@@ -141,6 +167,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="txs per JSON-RPC batch")
     parser.add_argument("--jobs-per-tx", type=int, default=64, help="submitJobs batch size")
     parser.add_argument("--many-txs", type=int, default=64, help="submitJobs transactions")
+    parser.add_argument("--seal-blocks", type=int, default=3, help="in-process sealed blocks")
+    parser.add_argument("--seal-block-txs", type=int, default=480, help="txs per such block")
     parser.add_argument("--reference-only", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.reference_only:
@@ -184,6 +212,17 @@ def main() -> None:
         print(f"needle-net submitJobs ({k} jobs/tx):            {many_rate * k:7.1f} / "
               f"{many_cpu * k:7.1f} jobs/s ({txs} txs, {txs * k} jobs)   ratio "
               f"{many_rate * k / ref:.1f}x / {many_cpu * k / ref_cpu:.1f}x")
+
+    if args.seal_blocks:
+        market = Web3().eth.contract(address=Web3.to_checksum_address(MARKET_ADDRESS),
+                                     abi=compiled_market()["abi"])
+        fast, stock = (seal_rates(market, dev_accounts(args.senders), args.seal_block_txs,
+                                  args.seal_blocks, fast) for fast in (True, False))
+        print(f"sealing in process, blocks of {args.seal_block_txs} submitJob (tx per CPU "
+              f"second of Node.seal, block by block): needle-net "
+              f"{' '.join(f'{r:.0f}' for r in fast)}, stock py-evm execution "
+              f"{' '.join(f'{r:.0f}' for r in stock)}   ratio "
+              f"{sum(fast) / sum(stock):.1f}x")
 
 if __name__ == "__main__":
     main()

@@ -54,6 +54,9 @@ class NodeConfig:
     quiet_s: float = 0.02
     gather_min_txs: int = 2
     max_blob_bytes: int = 256 * 2**20
+    # chain.interpreter's opcode loop and per-block storage tries; False: stock py-evm
+    # (same blocks, see tests/test_chain_fast_evm.py; bench/chain_tps.py compares the two)
+    fast_execution: bool = True
 
 
 @dataclass
@@ -95,7 +98,7 @@ class Node:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes)
         self.db = SqliteDB(config.data_dir / "chain.sqlite")
-        chain_class = build_chain_class(self.blobs)
+        chain_class = build_chain_class(self.blobs, fast=config.fast_execution)
         base_db = AtomicDB(self.db)
         try:
             ChainDB(base_db).get_canonical_head()
