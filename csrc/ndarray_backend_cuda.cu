@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "sgemm.cuh"  // float32 SGEMM kernels (namespace sgemm)
+
 namespace py = pybind11;
 
 namespace needle {
@@ -548,195 +550,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif  // sm_80+
 
 // ---------------------------------------------------------------------------------------------
-// float32 SGEMM, C (M x N) = A (M x K) @ B (K x N), all row-major.
-//
-// Each block computes a BM x BN tile of C, stepping through K in slices of BK that are staged in
-// shared memory, double-buffered: the next slice is fetched from global memory into registers
-// while the current one is multiplied, then stored to the other buffer, so one barrier per slice
-// suffices. A is stored transposed (k-major, rows padded by 4 floats against bank conflicts) so
-// both operands are read as float4. Each warp owns a WM x WN sub-tile; each thread a TM x TN
-// tile made of 4 x 4 quarters spread evenly over the warp tile, so that a warp's shared-memory
-// reads are broadcasts of at most 128 contiguous bytes; the operand fragments are double-
-// buffered in registers across k steps. Loads outside the matrix read zeros and
-// stores outside it are skipped, so any M, N, K works; VEC (K and N multiples of 4) allows
-// 16-byte global loads and stores.
-
-namespace sgemm {
-
-// A tile configuration: block tile BM x BN, K slice BK, warp tile WM x WN, thread tile TM x TN,
-// and the blocks each multiprocessor should hold (which caps registers per thread). Measured
-// on an H100 (bench/RESULTS.md): 16 resident warps per multiprocessor beat fewer warps with
-// more registers each, and 128 x 128 tiles beat 128 x 256 ones.
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_, int MIN_BLOCKS>
-struct Config {
-  static constexpr int kWarps = (BM_ / WM_) * (BN_ / WN_);
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMinBlocks = MIN_BLOCKS;
-  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
-  static constexpr int kThreadRows = WM / TM;  // threads of a warp along M
-  static constexpr int kThreadCols = WN / TN;  // threads of a warp along N
-  static constexpr int kALoads = BM * BK / 4 / kThreads;  // float4 per thread per slice
-  static constexpr int kBLoads = BK * BN / 4 / kThreads;
-  static_assert(kThreadRows * kThreadCols == 32, "a warp tile must hold 32 thread tiles");
-  static_assert(TM % 4 == 0 && TN % 4 == 0, "thread tiles are made of 4 x 4 quarters");
-  static_assert(kALoads * kThreads * 4 == BM * BK, "A slice must split evenly over threads");
-  static_assert(kBLoads * kThreads * 4 == BK * BN, "B slice must split evenly over threads");
-};
-
-template <bool VEC>
-__device__ __forceinline__ float4 load4(const float* __restrict__ m, int rows, int cols, int row,
-                                        int col, int ld) {
-  if constexpr (VEC) {
-    if (row < rows && col < cols) {
-      return __ldg(reinterpret_cast<const float4*>(m + static_cast<size_t>(row) * ld + col));
-    }
-    return make_float4(0.f, 0.f, 0.f, 0.f);
-  } else {
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      bool inside = row < rows && col + i < cols;
-      v[i] = inside ? __ldg(m + static_cast<size_t>(row) * ld + col + i) : 0.f;
-    }
-    return make_float4(v[0], v[1], v[2], v[3]);
-  }
-}
-
-template <typename Cfg, bool VEC>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    sgemm_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                 int M, int N, int K) {
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, WM = Cfg::WM, WN = Cfg::WN;
-  constexpr int TM = Cfg::TM, TN = Cfg::TN;
-  constexpr int kAPad = BM + 4;
-  constexpr int kRowGroups = TM / 4, kColGroups = TN / 4;  // 4 x 4 quarters of a thread tile
-  constexpr int kRowSpacing = WM / kRowGroups, kColSpacing = WN / kColGroups;
-  __shared__ __align__(16) float As[2][BK][kAPad];
-  __shared__ __align__(16) float Bs[2][BK][BN];
-
-  const int tid = threadIdx.x;
-  const int block_m = blockIdx.y * BM;
-  const int block_n = blockIdx.x * BN;
-  const int warp = tid / 32, lane = tid % 32;
-  const int warp_m = (warp / (BN / WN)) * WM;
-  const int warp_n = (warp % (BN / WN)) * WN;
-  const int thread_m = warp_m + (lane / Cfg::kThreadCols) * 4;
-  const int thread_n = warp_n + (lane % Cfg::kThreadCols) * 4;
-
-  float4 a_stage[Cfg::kALoads], b_stage[Cfg::kBLoads];
-
-  auto fetch = [&](int k0) {
-#pragma unroll
-    for (int i = 0; i < Cfg::kALoads; ++i) {
-      int idx = tid + i * Cfg::kThreads;
-      int row = idx / (BK / 4), col = (idx % (BK / 4)) * 4;
-      a_stage[i] = load4<VEC>(A, M, K, block_m + row, k0 + col, K);
-    }
-#pragma unroll
-    for (int i = 0; i < Cfg::kBLoads; ++i) {
-      int idx = tid + i * Cfg::kThreads;
-      int row = idx / (BN / 4), col = (idx % (BN / 4)) * 4;
-      b_stage[i] = load4<VEC>(B, K, N, k0 + row, block_n + col, N);
-    }
-  };
-  auto stash = [&](int buf) {
-#pragma unroll
-    for (int i = 0; i < Cfg::kALoads; ++i) {
-      int idx = tid + i * Cfg::kThreads;
-      int row = idx / (BK / 4), col = (idx % (BK / 4)) * 4;
-      As[buf][col + 0][row] = a_stage[i].x;
-      As[buf][col + 1][row] = a_stage[i].y;
-      As[buf][col + 2][row] = a_stage[i].z;
-      As[buf][col + 3][row] = a_stage[i].w;
-    }
-#pragma unroll
-    for (int i = 0; i < Cfg::kBLoads; ++i) {
-      int idx = tid + i * Cfg::kThreads;
-      int row = idx / (BN / 4), col = (idx % (BN / 4)) * 4;
-      *reinterpret_cast<float4*>(&Bs[buf][row][col]) = b_stage[i];
-    }
-  };
-
-  float acc[TM][TN];
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-
-  const int tiles = (K + BK - 1) / BK;
-  fetch(0);
-  stash(0);
-  __syncthreads();
-
-  // Operand fragments are double-buffered in registers: step k's multiply-adds run while step
-  // k + 1's shared-memory reads are in flight.
-  float a[2][TM], b[2][TN];
-  auto read_fragments = [&](int buf, int k, int slot) {
-#pragma unroll
-    for (int g = 0; g < kRowGroups; ++g)
-      *reinterpret_cast<float4*>(&a[slot][g * 4]) =
-          *reinterpret_cast<const float4*>(&As[buf][k][thread_m + g * kRowSpacing]);
-#pragma unroll
-    for (int g = 0; g < kColGroups; ++g)
-      *reinterpret_cast<float4*>(&b[slot][g * 4]) =
-          *reinterpret_cast<const float4*>(&Bs[buf][k][thread_n + g * kColSpacing]);
-  };
-
-  read_fragments(0, 0, 0);
-  for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1;
-    const bool more = t + 1 < tiles;
-    if (more) fetch((t + 1) * BK);
-#pragma unroll
-    for (int k = 0; k < BK; ++k) {
-      if (k + 1 < BK) {
-        read_fragments(buf, k + 1, (k + 1) % 2);
-      } else if (more) {
-        stash(buf ^ 1);
-        __syncthreads();
-        read_fragments(buf ^ 1, 0, (k + 1) % 2);
-      }
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[k % 2][i], b[k % 2][j], acc[i][j]);
-    }
-  }
-
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const int row = block_m + thread_m + (i / 4) * kRowSpacing + i % 4;
-    if (row >= M) continue;
-#pragma unroll
-    for (int g = 0; g < kColGroups; ++g) {
-      const int col = block_n + thread_n + g * kColSpacing;
-      float* dst = C + static_cast<size_t>(row) * N + col;
-      const float* v = &acc[i][g * 4];
-      if constexpr (VEC) {
-        if (col < N) *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (col + j < N) dst[j] = v[j];
-      }
-    }
-  }
-}
-
-template <typename Cfg, bool VEC>
-void launch(const float* A, const float* B, float* C, int M, int N, int K) {
-  dim3 grid((N + Cfg::BN - 1) / Cfg::BN, (M + Cfg::BM - 1) / Cfg::BM);
-  sgemm_kernel<Cfg, VEC><<<grid, Cfg::kThreads>>>(A, B, C, M, N, K);
-  CHECK_LAUNCH("matmul");
-}
-
-using Large = Config<128, 128, 8, 64, 32, 8, 8, 2>;
-using Ragged = Config<128, 64, 8, 64, 32, 8, 8, 4>;  // best measured without 16-byte loads
-using Small = Config<64, 64, 8, 32, 64, 8, 8, 4>;
-
-}  // namespace sgemm
-
-// ---------------------------------------------------------------------------------------------
 // TF32 tensor-core GEMM (float32 in and out, operands rounded to TF32, float32 accumulation),
 // only on explicit request. On an H100/H200 with a build for sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)
 // and rows of whole 16-byte chunks (K, N multiples of 4), the wgmma kernel below runs; otherwise
@@ -1244,6 +1057,7 @@ void sgemm_launch(const float* A, const float* B, float* C, int M, int N, int K)
     vec ? sgemm::launch<sgemm::Large, true>(A, B, C, M, N, K)
         : sgemm::launch<sgemm::Ragged, false>(A, B, C, M, N, K);
   }
+  CHECK_LAUNCH("matmul");
 }
 
 void matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t m, int64_t n,

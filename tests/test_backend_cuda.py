@@ -244,6 +244,7 @@ MATMUL_SHAPES = [
     (200, 31, 96),  # n % 4 != 0
     (1536, 64, 1536),  # enough blocks for the large tile
     (1537, 33, 1531),  # large tile with ragged edges everywhere
+    (1540, 36, 1532),  # large tile, 16-byte loads, ragged M and N, a partial K slice
     (5, 2000, 3),  # long inner dimension
     (17, 33, 65),  # odd everywhere
     (300, 4, 8),  # inner dimension shorter than one K slice

@@ -1,0 +1,287 @@
+// float32 SGEMM, C (M x N) = A (M x K) @ B (K x N), all row-major; included by the CUDA module
+// and by bench/sgemm_sweep.cu, which times tile configurations against cuBLAS.
+//
+// Each block computes a BM x BN tile of C, stepping through K in slices of BK that are staged in
+// shared memory, double-buffered: the next slice is fetched from global memory into registers
+// while the current one is multiplied, then stored to the other buffer, so one barrier per slice
+// suffices. A is stored transposed (k-major, rows padded by 4 floats against bank conflicts) so
+// both operands are read as float4. Each warp owns a WM x WN sub-tile; each thread a TM x TN
+// tile made of 4 x 4 quarters spread evenly over the warp tile, so that a warp's shared-memory
+// reads are broadcasts of at most 128 contiguous bytes; the operand fragments are double-
+// buffered in registers across k steps.
+//
+// Edges: rows of A and columns of B past the matrix are clamped to the last one (their products
+// land only in C elements that are never stored), so only the last, partial K slice needs
+// checks, where out-of-range k reads zeros. VEC (K and N multiples of 4) allows 16-byte global
+// loads and stores. GROUP > 0 walks the blocks in panels of GROUP block rows, for L2 reuse.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace sgemm {
+
+// 16 bytes global -> shared without passing through registers (sm_80+); zeros when !valid.
+__device__ __forceinline__ void copy16_async(float* smem, const float* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0));
+#else
+  *reinterpret_cast<float4*>(smem) =
+      valid ? __ldg(reinterpret_cast<const float4*>(gmem)) : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+}
+
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::);
+#endif
+}
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_, int MIN_BLOCKS,
+          int GROUP = 0, bool SPLIT = false, bool ASYNC_B = false>
+struct Config {
+  static constexpr int kWarps = (BM_ / WM_) * (BN_ / WN_);
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMinBlocks = MIN_BLOCKS;
+  static constexpr int kGroup = GROUP;
+  static constexpr bool kSplit = SPLIT;
+  static constexpr bool kAsyncB = ASYNC_B;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
+  static constexpr int kThreadRows = WM / TM;  // threads of a warp along M
+  static constexpr int kThreadCols = WN / TN;  // threads of a warp along N
+  static constexpr int kALoads = BM * BK / 4 / kThreads;  // float4 per thread per slice
+  static constexpr int kBLoads = BK * BN / 4 / kThreads;
+  static_assert(kThreadRows * kThreadCols == 32, "a warp tile must hold 32 thread tiles");
+  static_assert(TM % 4 == 0 && TN % 4 == 0, "thread tiles are made of 4 x 4 quarters");
+  static_assert(kALoads * kThreads * 4 == BM * BK, "A slice must split evenly over threads");
+  static_assert(kBLoads * kThreads * 4 == BK * BN, "B slice must split evenly over threads");
+  // SPLIT: the next slice is fetched and stored in kParts parts spread over the k steps, each
+  // part one float4 of A and of B, so that only 8 staging registers are live at a time.
+  static constexpr int kParts = SPLIT ? kALoads : 1;
+  static_assert(!SPLIT || (kALoads == kBLoads && BK % kALoads == 0),
+                "SPLIT needs as many A as B loads per thread, dividing BK");
+};
+
+template <typename Cfg, bool VEC>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    sgemm_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                 int M, int N, int K) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, WM = Cfg::WM, WN = Cfg::WN;
+  constexpr int TM = Cfg::TM, TN = Cfg::TN;
+  constexpr int kAPad = BM + 4;
+  constexpr int kRowGroups = TM / 4, kColGroups = TN / 4;  // 4 x 4 quarters of a thread tile
+  constexpr int kRowSpacing = WM / kRowGroups, kColSpacing = WN / kColGroups;
+  __shared__ __align__(16) float As[2][BK][kAPad];
+  __shared__ __align__(16) float Bs[2][BK][BN];
+
+  int block_row = blockIdx.y, block_col = blockIdx.x;
+  if constexpr (Cfg::kGroup > 0) {
+    const int id = blockIdx.y * gridDim.x + blockIdx.x;
+    const int panel = id / (Cfg::kGroup * gridDim.x);
+    const int first = panel * Cfg::kGroup;
+    const int rows = min(static_cast<int>(gridDim.y) - first, Cfg::kGroup);
+    const int within = id - panel * Cfg::kGroup * gridDim.x;
+    block_row = first + within % rows;
+    block_col = within / rows;
+  }
+  const int tid = threadIdx.x;
+  const int block_m = block_row * BM;
+  const int block_n = block_col * BN;
+  const int warp = tid / 32, lane = tid % 32;
+  const int warp_m = (warp / (BN / WN)) * WM;
+  const int warp_n = (warp % (BN / WN)) * WN;
+  const int thread_m = warp_m + (lane / Cfg::kThreadCols) * 4;
+  const int thread_n = warp_n + (lane % Cfg::kThreadCols) * 4;
+
+  // Fixed per-thread load positions: A rows and B columns clamped into the matrix.
+  const float* a_src[Cfg::kALoads];
+  int a_col[Cfg::kALoads];
+#pragma unroll
+  for (int i = 0; i < Cfg::kALoads; ++i) {
+    const int idx = tid + i * Cfg::kThreads;
+    a_col[i] = (idx % (BK / 4)) * 4;
+    const int row = min(block_m + idx / (BK / 4), M - 1);
+    a_src[i] = A + static_cast<size_t>(row) * K + a_col[i];
+  }
+  const float* b_src[Cfg::kBLoads];
+  int b_row[Cfg::kBLoads];
+  int b_cols[Cfg::kBLoads][VEC ? 1 : 4];  // column offsets from b_src (VEC: one float4)
+#pragma unroll
+  for (int i = 0; i < Cfg::kBLoads; ++i) {
+    const int idx = tid + i * Cfg::kThreads;
+    b_row[i] = idx / (BN / 4);
+    const int col = block_n + (idx % (BN / 4)) * 4;
+    b_src[i] = B + static_cast<size_t>(b_row[i]) * N;
+    if constexpr (VEC) {
+      b_cols[i][0] = min(col, N - 4);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b_cols[i][j] = min(col + j, N - 1);
+    }
+  }
+
+  float4 a_stage[Cfg::kALoads], b_stage[Cfg::kBLoads];
+
+  // Loads slice k0 into registers; `edge` (the last slice when BK does not divide K) reads zeros
+  // for k >= K.
+  // ASYNC_B (16-byte rows only): B's slice goes straight to shared memory buffer `dst`.
+  constexpr bool kAsyncB = Cfg::kAsyncB && VEC;
+  auto fetch = [&](int k0, bool edge, int dst, int lo = 0, int hi = Cfg::kALoads) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kALoads; ++i) {
+      if (i < lo || i >= hi) continue;
+      const float* p = a_src[i] + k0;
+      if constexpr (VEC) {
+        a_stage[i] = (!edge || k0 + a_col[i] < K) ? __ldg(reinterpret_cast<const float4*>(p))
+                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      } else {
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = (!edge || k0 + a_col[i] + j < K) ? __ldg(p + j) : 0.f;
+        a_stage[i] = make_float4(v[0], v[1], v[2], v[3]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < Cfg::kBLoads; ++i) {
+      if (Cfg::kSplit && (i < lo || i >= hi)) continue;
+      const bool inside = !edge || k0 + b_row[i] < K;
+      const float* p = b_src[i] + static_cast<size_t>(k0) * N;
+      if constexpr (kAsyncB) {
+        const int idx = tid + i * Cfg::kThreads;
+        copy16_async(&Bs[dst][b_row[i]][(idx % (BN / 4)) * 4], p + b_cols[i][0], inside);
+      } else if constexpr (VEC) {
+        b_stage[i] = inside ? __ldg(reinterpret_cast<const float4*>(p + b_cols[i][0]))
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+      } else {
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = inside ? __ldg(p + b_cols[i][j]) : 0.f;
+        b_stage[i] = make_float4(v[0], v[1], v[2], v[3]);
+      }
+    }
+  };
+  auto stash = [&](int buf, int lo = 0, int hi = Cfg::kALoads) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kALoads; ++i) {
+      if (i < lo || i >= hi) continue;
+      const int idx = tid + i * Cfg::kThreads;
+      const int row = idx / (BK / 4), col = (idx % (BK / 4)) * 4;
+      As[buf][col + 0][row] = a_stage[i].x;
+      As[buf][col + 1][row] = a_stage[i].y;
+      As[buf][col + 2][row] = a_stage[i].z;
+      As[buf][col + 3][row] = a_stage[i].w;
+    }
+#pragma unroll
+    for (int i = 0; i < Cfg::kBLoads; ++i) {
+      if (kAsyncB || (Cfg::kSplit && (i < lo || i >= hi))) continue;
+      const int idx = tid + i * Cfg::kThreads;
+      const int row = idx / (BN / 4), col = (idx % (BN / 4)) * 4;
+      *reinterpret_cast<float4*>(&Bs[buf][row][col]) = b_stage[i];
+    }
+  };
+
+  float acc[TM][TN];
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+
+  const int tiles = (K + BK - 1) / BK;
+  fetch(0, BK > K, 0);
+  stash(0);
+  wait_async_copies();
+  __syncthreads();
+
+  float a[2][TM], b[2][TN];
+  auto read_fragments = [&](int buf, int k, int slot) {
+#pragma unroll
+    for (int g = 0; g < kRowGroups; ++g)
+      *reinterpret_cast<float4*>(&a[slot][g * 4]) =
+          *reinterpret_cast<const float4*>(&As[buf][k][thread_m + g * kRowSpacing]);
+#pragma unroll
+    for (int g = 0; g < kColGroups; ++g)
+      *reinterpret_cast<float4*>(&b[slot][g * 4]) =
+          *reinterpret_cast<const float4*>(&Bs[buf][k][thread_n + g * kColSpacing]);
+  };
+  auto multiply = [&](int slot) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[slot][i], b[slot][j], acc[i][j]);
+  };
+
+  // No branch around the next slice's fetch, stash and barrier (the last iteration fetches its
+  // own slice again and stores it to the idle buffer): with one, ptxas sinks the global loads
+  // to just before the stores, and their latency shows.
+  read_fragments(0, 0, 0);
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1;
+    const int next = min(t + 1, tiles - 1) * BK;
+    const bool edge = next + BK > K;
+    if constexpr (Cfg::kSplit) {
+      // Part p of the next slice is fetched at step p * kStep and stored kStep - 1 steps later.
+      constexpr int kStep = BK / Cfg::kParts;
+#pragma unroll
+      for (int k = 0; k < BK; ++k) {
+        if (k % kStep == 0) fetch(next, edge, buf ^ 1, k / kStep, k / kStep + 1);
+        if (k + 1 < BK) {
+          read_fragments(buf, k + 1, (k + 1) % 2);
+          if (k % kStep == kStep - 1) stash(buf ^ 1, k / kStep, k / kStep + 1);
+        } else {
+          stash(buf ^ 1, Cfg::kParts - 1, Cfg::kParts);
+          wait_async_copies();
+          __syncthreads();
+          read_fragments(buf ^ 1, 0, (k + 1) % 2);
+        }
+        multiply(k % 2);
+      }
+    } else {
+      fetch(next, edge, buf ^ 1);
+      // Step k's multiply-adds run while step k + 1's shared-memory reads are in flight.
+#pragma unroll
+      for (int k = 0; k < BK; ++k) {
+        if (k + 1 < BK) {
+          read_fragments(buf, k + 1, (k + 1) % 2);
+        } else {
+          stash(buf ^ 1);
+          wait_async_copies();
+          __syncthreads();
+          read_fragments(buf ^ 1, 0, (k + 1) % 2);
+        }
+        multiply(k % 2);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const int row = block_m + thread_m + (i / 4) * kRowSpacing + i % 4;
+    if (row >= M) continue;
+#pragma unroll
+    for (int g = 0; g < kColGroups; ++g) {
+      const int col = block_n + thread_n + g * kColSpacing;
+      float* dst = C + static_cast<size_t>(row) * N + col;
+      const float* v = &acc[i][g * 4];
+      if constexpr (VEC) {
+        if (col < N) *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (col + j < N) dst[j] = v[j];
+      }
+    }
+  }
+}
+
+template <typename Cfg, bool VEC>
+void launch(const float* A, const float* B, float* C, int M, int N, int K) {
+  dim3 grid((N + Cfg::BN - 1) / Cfg::BN, (M + Cfg::BM - 1) / Cfg::BM);
+  sgemm_kernel<Cfg, VEC><<<grid, Cfg::kThreads>>>(A, B, C, M, N, K);
+}
+
+using Large = Config<128, 128, 8, 64, 32, 8, 8, 2, 8>;
+using Ragged = Config<128, 64, 8, 64, 32, 8, 8, 4, 8>;  // best measured without 16-byte loads
+using Small = Config<64, 64, 8, 32, 64, 8, 8, 4>;
+
+}  // namespace sgemm
