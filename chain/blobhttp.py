@@ -12,12 +12,11 @@ import asyncio
 import hashlib
 import http.client
 import json
-import threading
-from urllib.parse import urlsplit
 
 import numpy as np
 
 from chain.blobs import BlobStore, BlobTooLarge, decode_array, encode_header, parse_id
+from chain.keepalive import Connections
 
 CHUNK = 4 << 20
 ASK_FIRST_BYTES = 1 << 20  # from this size an upload first asks (HEAD) whether it is needed
@@ -108,46 +107,25 @@ async def _reply(send, status: int, body: dict, head: bool = False) -> None:
 
 class BlobClient:
     """PUT and GET blobs at `base_url` (`http://host:port/blobs`); one keep-alive connection
-    per thread, so uploads from a thread pool run in parallel."""
+    per thread, so transfers from a thread pool run in parallel."""
 
     def __init__(self, base_url: str, max_bytes: int, timeout: float = 60.0) -> None:
-        url = urlsplit(base_url.rstrip("/"))
-        if url.scheme != "http":
-            raise ValueError(f"blob URL {base_url!r}: only http:// is supported")
-        self.host, self.port, self.prefix = url.hostname, url.port or 80, url.path
-        self.max_bytes, self.timeout = max_bytes, timeout
-        self._local = threading.local()
-        self._connections: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-
-    def _connection(self) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout,
-                                              blocksize=CHUNK)
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
-        return conn
+        self.connections = Connections(base_url, timeout, blocksize=CHUNK)
+        self.max_bytes = max_bytes
 
     def _request(self, method: str, id_: bytes, parts=()) -> http.client.HTTPResponse:
-        """Send one request; a keep-alive connection the server closed is reopened once."""
-        conn = self._connection()
-        try:
-            return self._send(conn, method, id_, parts)
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-            conn.close()
-            return self._send(conn, method, id_, parts)
+        def send(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
+            conn.putrequest(method, f"{self.connections.prefix}/0x{id_.hex()}",
+                            skip_accept_encoding=True)
+            if method == "PUT":
+                conn.putheader("Content-Length", str(sum(len(p) for p in parts)))
+                conn.putheader("Content-Type", "application/octet-stream")
+            conn.endheaders()
+            for part in parts:
+                conn.send(part)
+            return conn.getresponse()
 
-    def _send(self, conn, method: str, id_: bytes, parts) -> http.client.HTTPResponse:
-        conn.putrequest(method, f"{self.prefix}/0x{id_.hex()}", skip_accept_encoding=True)
-        if method == "PUT":
-            conn.putheader("Content-Length", str(sum(len(p) for p in parts)))
-            conn.putheader("Content-Type", "application/octet-stream")
-        conn.endheaders()
-        for part in parts:
-            conn.send(part)
-        return conn.getresponse()
+        return self.connections.request(send)
 
     def put_parts(self, parts: list) -> bytes:
         """Upload a blob given as consecutive byte buffers; returns its id."""
@@ -189,7 +167,7 @@ class BlobClient:
             raise BlobError(f"blob 0x{id_.hex()}: {response.status} {body[:200]!r}")
         size = int(response.getheader("content-length", "-1"))
         if not 0 <= size <= self.max_bytes:
-            self._connection().close()  # the unread body must not reach the next request
+            self.connections.current().close()  # its unread body must not reach the next request
             raise BlobError(f"blob 0x{id_.hex()} of {size} bytes exceeds the "
                             f"{self.max_bytes}-byte limit")
         buffer = bytearray(size)
@@ -197,7 +175,7 @@ class BlobClient:
         while got < size:
             n = response.readinto(view[got:got + CHUNK])
             if n == 0:
-                self._connection().close()
+                self.connections.current().close()
                 raise BlobError(f"blob 0x{id_.hex()}: connection closed after {got} of "
                                 f"{size} bytes")
             digest.update(view[got:got + n])
@@ -216,7 +194,4 @@ class BlobClient:
         return response.status == 200
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._connections:
-                conn.close()
-            self._connections.clear()
+        self.connections.close()

@@ -1,20 +1,44 @@
 """A small web3 client for the market: signs locally, manages nonces, moves blobs."""
 from __future__ import annotations
 
+import json
 import threading
 import time
+from urllib.parse import urlencode
 
 import httpx
 import numpy as np
 from eth_account import Account
-from web3 import Web3
+from web3 import HTTPProvider, Web3
 from web3.exceptions import ContractLogicError, TransactionNotFound
 
 from chain.blobhttp import BlobClient
 from chain.blobs import decode_array, parse_id
+from chain.keepalive import Connections
 
 FEE_REFRESH_S = 2.0
 POLL_S = 0.05
+
+
+class KeepAliveProvider(HTTPProvider):
+    """web3's HTTP provider over `chain.keepalive` connections (one per thread)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        super().__init__(url)
+        self.connections = Connections(url, timeout)
+
+    def _make_request(self, method, request_data: bytes) -> bytes:
+        def send(conn):
+            conn.request("POST", self.connections.prefix or "/", request_data,
+                         {"Content-Type": "application/json"})
+            return conn.getresponse()
+
+        response = self.connections.request(send)
+        body = response.read()
+        if response.status != 200:
+            raise ConnectionError(f"JSON-RPC endpoint answered HTTP {response.status} to "
+                                  f"{method}: {body[:200]!r}")
+        return body
 
 
 class TransactionReverted(RuntimeError):
@@ -29,7 +53,7 @@ class ChainClient:
         self.url = rpc_url.rstrip("/")
         self.http = httpx.Client(timeout=timeout)
         self.info = self.http.get(f"{self.url}/info").raise_for_status().json()
-        self.w3 = Web3(Web3.HTTPProvider(self.url, request_kwargs={"timeout": timeout}))
+        self.w3 = Web3(KeepAliveProvider(self.url, timeout))
         self.chain_id = int(self.info["chain_id"])
         self.market = self.w3.eth.contract(
             address=Web3.to_checksum_address(self.info["contract"]), abi=self.info["abi"]
@@ -84,7 +108,7 @@ class ChainClient:
     def wait_for_block(self, number: int, timeout: float) -> int:
         """Wait until block `number` is sealed or `timeout` seconds pass; returns the head.
         Uses the node's long poll (GET /wait) where it has one, else polls."""
-        head = self._long_poll({"block": number, "timeout": timeout}, timeout)
+        head = self._long_poll({"block": number, "timeout": timeout})
         if head is not None:
             return head
         end = time.monotonic() + timeout
@@ -92,22 +116,32 @@ class ChainClient:
             time.sleep(POLL_S)
         return head
 
-    def _long_poll(self, params: dict, timeout: float) -> int | None:
-        """GET /wait; None where the node has no long poll (another EVM node)."""
+    def _long_poll(self, params: dict) -> int | None:
+        """GET /wait (on this thread's keep-alive connection; the wait is capped below the
+        socket timeout); None where the node has no long poll (another EVM node)."""
         if not self._has_long_poll:
             return None
-        response = self.http.get(f"{self.url}/wait", params=params, timeout=timeout + 30)
-        if response.status_code == 404:
+        params = {**params, "timeout": min(params["timeout"], self.timeout / 2)}
+
+        def send(conn):
+            conn.request("GET", f"{self.w3.provider.connections.prefix}/wait?"
+                                f"{urlencode(params)}")
+            return conn.getresponse()
+
+        response = self.w3.provider.connections.request(send)
+        body = response.read()
+        if response.status == 404:
             self._has_long_poll = False
             return None
-        return int(response.raise_for_status().json()["head"])
+        if response.status != 200:
+            raise ConnectionError(f"GET /wait answered HTTP {response.status}: {body[:200]!r}")
+        return int(json.loads(body)["head"])
 
     def wait_for_receipt(self, tx_hash: bytes):
         """The receipt of a sent transaction: one long poll until it is mined, then block by
         block (TimeoutError after self.timeout seconds)."""
         end = time.monotonic() + self.timeout
-        head = self._long_poll({"tx": "0x" + tx_hash.hex(), "timeout": self.timeout},
-                               self.timeout)
+        head = self._long_poll({"tx": "0x" + tx_hash.hex(), "timeout": self.timeout})
         if head is None:
             head = self.w3.eth.block_number
         while True:
@@ -185,6 +219,7 @@ class ChainClient:
 
     def close(self) -> None:
         self.blobs.close()
+        self.w3.provider.connections.close()
         self.http.close()
 
 

@@ -1,0 +1,58 @@
+"""Keep-alive `http.client` connections to one server, one per thread.
+
+The node's clients make many small requests (JSON-RPC calls, long polls, small blobs); a
+plain `http.client` connection costs about a millisecond less per request here than
+`requests` or `httpx` (measured: 1.1 ms against 2.2-2.8 ms per `eth_blockNumber`).
+"""
+from __future__ import annotations
+
+import http.client
+import threading
+from urllib.parse import urlsplit
+
+RECONNECT_ERRORS = (http.client.RemoteDisconnected, http.client.ImproperConnectionState,
+                    BrokenPipeError, ConnectionResetError)
+
+
+class Connections:
+    """`request()` on this thread's connection to `base_url`'s host; `close()` closes all."""
+
+    def __init__(self, base_url: str, timeout: float, blocksize: int = 8192) -> None:
+        url = urlsplit(base_url.rstrip("/"))
+        if url.scheme != "http":
+            raise ValueError(f"URL {base_url!r}: only http:// is supported")
+        self.host, self.port, self.prefix = url.hostname, url.port or 80, url.path
+        self.timeout, self.blocksize = timeout, blocksize
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def current(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout,
+                                              blocksize=self.blocksize)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def request(self, send) -> http.client.HTTPResponse:
+        """`send(conn)` puts a request on this thread's connection and returns its response;
+        a keep-alive connection the server closed meanwhile is reopened once."""
+        conn = self.current()
+        try:
+            try:
+                return send(conn)
+            except RECONNECT_ERRORS:
+                conn.close()
+                return send(conn)
+        except BaseException:
+            conn.close()  # whatever failed, the next request starts on a fresh connection
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
