@@ -9,6 +9,7 @@ check on both ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import httpx
 import numpy as np
@@ -69,6 +70,16 @@ class Verdict:
     flops: int = 0
     slashed_wei: int = 0
     cancelled: bool = False  # the operands were rejected: fee refunded, nobody slashed
+
+
+class JobNews(NamedTuple):
+    """Jobs open after a range of blocks (the Job as submitted, from its event, or None where
+    it must be looked up; oldest first), jobs claimed in it, and who claimed (address -> its
+    latest block)."""
+
+    opened: dict[int, Job | None]
+    taken: set[int]
+    claimers: dict[str, int]
 
 
 def commit_jobs_gas(count: int) -> int:
@@ -157,17 +168,17 @@ class Market:
         """Wait (long poll) until block `number` exists or `timeout` seconds pass; the head."""
         return self.client.wait_for_block(number, timeout)
 
-    def new_jobs(self, from_block: int, to_block: int) -> tuple[dict[int, Job | None], set[int]]:
-        """(jobs open after [from_block, to_block], jobs claimed in it). An open job is the
-        Job as submitted (from its event, no extra call), or None where it must be looked
-        up; oldest first."""
+    def new_jobs(self, from_block: int, to_block: int) -> JobNews:
+        """What happened to jobs in [from_block, to_block], from one log query."""
         found: dict[int, Job | None] = {}
         taken: set[int] = set()
+        claimers: dict[str, int] = {}
         for event in self.logs(from_block, to_block):
             args = event["args"]
             if event["event"] == "JobClaimed":
                 found.pop(args["jobId"], None)
                 taken.add(args["jobId"])
+                claimers[args["worker"]] = event["blockNumber"]
             elif event["event"] == "JobSubmitted":
                 found[args["jobId"]] = Job(
                     args["jobId"], args["submitter"], ZERO_ADDRESS, JOB_OPEN, args["aId"],
@@ -177,7 +188,7 @@ class Market:
                 found.pop(args["jobId"], None)
                 found[args["jobId"]] = None
                 taken.discard(args["jobId"])
-        return found, taken
+        return JobNews(found, taken, claimers)
 
     def claimed_by(self, worker: str) -> set[int]:
         """Ids of every job `worker` ever claimed."""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from eth_account.signers.local import LocalAccount
+from eth_utils import keccak
 
 from node import compute
 from node.market import (
@@ -83,8 +84,18 @@ class JobRecord:
 
 
 ACCOUNT_REFRESH_SECONDS = 1.0
+PEER_ACTIVE_BLOCKS = 100  # a worker that claimed nothing for this long is no longer ranked
+PEER_GRACE_SECONDS = 0.5  # how long a job waits for each peer ranked before this worker
 API_SHUTDOWN_SECONDS = 10.0
 FINISHED = ("verified", "failed", "lost", "error", "expired")
+
+
+def rank(job_id: int, worker: str, peers: list[str]) -> int:
+    """`worker`'s place (0 = first) in job `job_id`'s order of `worker` and `peers`, ordered by
+    keccak(jobId, address): every job gets an independent, agreed order of the workers."""
+    key = job_id.to_bytes(32, "big")
+    mine = keccak(key + bytes.fromhex(worker[2:]))
+    return sum(keccak(key + bytes.fromhex(p[2:])) < mine for p in set(peers) - {worker})
 
 
 class Worker:
@@ -108,6 +119,9 @@ class Worker:
         self._blob_pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="blob")
         self._candidates: dict[int, Job | None] = {}
         self._tasks = 0  # claimed jobs and batches of small jobs on the pool
+        self._peers: dict[str, int] = {}  # workers seen claiming -> their latest claim's block
+        self._seen: dict[int, float] = {}  # candidate job -> when it was first seen open
+        self._next_turn: float | None = None  # when a job left to a peer becomes ours
         self._stake_wei = 0
         self._balance_wei = 0
         self._head = 0
@@ -203,7 +217,10 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     self._poll(self.chain.block_number() if head is None else head)
-                    head = self.chain.wait_for_block(self._next_block, self.config.poll_interval)
+                    wait = self.config.poll_interval
+                    if self._next_turn is not None:
+                        wait = min(wait, max(0.0, self._next_turn - time.monotonic()))
+                    head = self.chain.wait_for_block(self._next_block, wait)
                 except Exception as err:  # noqa: BLE001 - the loop must survive a bad poll
                     if not is_transient(err):
                         log.exception("poll failed")
@@ -267,12 +284,13 @@ class Worker:
     def _poll(self, head: int) -> None:
         self._head = head
         if head >= self._next_block:
-            opened, taken = self.chain.new_jobs(self._next_block, head)
-            for job_id in taken:
+            news = self.chain.new_jobs(self._next_block, head)
+            self._peers.update(news.claimers)
+            for job_id in news.taken:
                 self._candidates.pop(job_id, None)
-            new = list(opened.items())
-            self._rng.shuffle(new)  # workers seeing the same jobs then rarely race for one
-            self._candidates.update(new)
+                self._seen.pop(job_id, None)
+            self._candidates.update(news.opened)
+            self._seen.update(dict.fromkeys(news.opened, time.monotonic()))
             self._next_block = head + 1
         self._take_candidates()
         self._save_state()
@@ -285,10 +303,17 @@ class Worker:
     def _take_candidates(self) -> None:
         """Start work on acceptable open jobs: small ones as one batch, large ones claimed."""
         small: list[Job] = []
+        ranked = self._ranking()
+        now, self._next_turn = time.monotonic(), None
         for job_id in list(self._candidates):
             busy = self._tasks + bool(small) >= self.config.max_in_flight
             if busy or self._stop.is_set() or self._withdrawing:
                 break
+            turn = self._seen.get(job_id, 0.0) + PEER_GRACE_SECONDS * ranked(job_id)
+            if now < turn:  # a peer ranked before this worker may still take it
+                self._next_turn = min(turn, self._next_turn or turn)
+                continue
+            self._seen.pop(job_id, None)
             job = self._candidates.pop(job_id) or self.chain.job(job_id)
             if job.status != JOB_OPEN or not self._acceptable(job):
                 continue
@@ -300,6 +325,16 @@ class Worker:
                 self._claim(job)
         if small:
             self._start_batch(small)
+
+    def _ranking(self):
+        """job id -> this worker's rank for the job among the workers that claimed lately.
+        Each job gets its own order of those workers (by keccak(jobId, address)); the first
+        takes it at once, the r-th only once it stayed open r * PEER_GRACE_SECONDS. So
+        workers rarely do a job twice, and a ranked peer that is gone or busy delays a job
+        by a moment, not more."""
+        peers = [a for a, block in self._peers.items()
+                 if self._head - block <= PEER_ACTIVE_BLOCKS]
+        return lambda job_id: rank(job_id, self.address, peers)
 
     def _is_small(self, job: Job) -> bool:
         """Worth computing before claiming: fast enough that a lost race wastes little."""
