@@ -18,25 +18,19 @@ from eth.chains.base import Chain
 from eth.db.atomic import AtomicDB
 from eth.db.chain import ChainDB
 from eth.exceptions import CanonicalHeadNotFound
-from eth.vm.forks.prague.transactions import PragueTransactionBuilder
-from eth_utils import ValidationError
 
+from chain.admission import BatchDecoder, TxRejected, decode_all, decode_transaction
 from chain.blobs import BlobStore
 from chain.consensus import verified_work, work_seal
 from chain.db import SqliteDB
 from chain.genesis import genesis_params, genesis_state
-from chain.params import CHAIN_ID, REWARD_POOL_ADDRESS
+from chain.params import REWARD_POOL_ADDRESS
 from chain.vm import build_chain_class
 
 log = logging.getLogger(__name__)
 
 MAX_FUTURE_NONCES = 1024
 ADMISSION_POLL_S = 0.0005
-BLOB_TX_TYPE = 3
-
-
-class TxRejected(ValueError):
-    """A transaction refused at admission; the message says why."""
 
 
 @dataclass
@@ -57,6 +51,9 @@ class NodeConfig:
     # chain.interpreter's opcode loop and per-block storage tries; False: stock py-evm
     # (same blocks, see tests/test_chain_fast_evm.py; bench/chain_tps.py compares the two)
     fast_execution: bool = True
+    # decode and recover the senders of batched raw transactions in a second process
+    # (started at the first batch of chain.admission.MIN_WORKER_BATCH or more)
+    decode_process: bool = True
 
 
 @dataclass
@@ -113,6 +110,7 @@ class Node:
         self._thread: threading.Thread | None = None
         self._view = None
         self._head = self.chain.get_canonical_head()
+        self.decoder = BatchDecoder() if config.decode_process else None
         self.new_head = threading.Condition()  # notified after every sealed block
         self._admitting = 0  # admissions in progress (read by the producer)
         self._admissions = threading.Lock()
@@ -151,39 +149,32 @@ class Node:
             return self._admission_view()[2]
 
     # --- admission -----------------------------------------------------------------------------
-    def decode_transaction(self, raw: bytes) -> SignedTransactionAPI:
-        try:
-            tx = PragueTransactionBuilder.decode(raw)
-        except Exception as exc:
-            raise TxRejected(f"transaction could not be decoded: {exc}") from exc
-        if tx.type_id == BLOB_TX_TYPE:
-            raise TxRejected("blob transactions (type 3) are not supported")
-        try:
-            tx.validate()
-        except ValidationError as exc:
-            raise TxRejected(f"invalid transaction: {exc}") from exc
-        if tx.chain_id is None:
-            raise TxRejected("transaction is not replay-protected (EIP-155 chain id required)")
-        if tx.chain_id != CHAIN_ID:
-            raise TxRejected(f"invalid chain id {tx.chain_id}; this chain is {CHAIN_ID}")
-        try:
-            tx.sender  # noqa: B018  (recovers and caches the signer)
-        except Exception as exc:
-            raise TxRejected(f"invalid signature: {exc}") from exc
-        return tx
-
     def admit(self, raw: bytes) -> bytes:
         """Validate a signed raw transaction against the head state and queue it."""
         with self._admissions:
             self._admitting += 1
         try:
-            return self._admit(raw)
+            return self._admit(decode_transaction(raw))
         finally:
             with self._admissions:
                 self._admitting -= 1
 
-    def _admit(self, raw: bytes) -> bytes:
-        tx = self.decode_transaction(raw)
+    def decode_many(self, raws: list[bytes]) -> list[SignedTransactionAPI | TxRejected]:
+        """Raw transactions decoded (senders recovered), large batches in the decoder process;
+        each then goes to ``admit_decoded``."""
+        return self.decoder.decode_all(raws) if self.decoder else decode_all(raws)
+
+    def admit_decoded(self, tx: SignedTransactionAPI) -> bytes:
+        """``admit`` for a transaction ``decode_many`` decoded."""
+        with self._admissions:
+            self._admitting += 1
+        try:
+            return self._admit(tx)
+        finally:
+            with self._admissions:
+                self._admitting -= 1
+
+    def _admit(self, tx: SignedTransactionAPI) -> bytes:
         with self.lock:
             if tx.hash in self.mempool.by_hash:
                 raise TxRejected(f"already known: transaction 0x{tx.hash.hex()} is pending")
@@ -324,4 +315,6 @@ class Node:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.decoder is not None:
+            self.decoder.close()
         self.db.close()

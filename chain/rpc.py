@@ -139,11 +139,26 @@ class Rpc:
         if isinstance(payload, list):
             if not payload:
                 return self._error(None, RpcError(-32600, "invalid request: empty batch"))
-            replies = [self._one(item) for item in payload]
+            decoded = self._decode_raw_transactions(payload)
+            replies = [self._one(item, decoded.get(i)) for i, item in enumerate(payload)]
             return [r for r in replies if r is not None]
         return self._one(payload)
 
-    def _one(self, request) -> dict | None:
+    def _decode_raw_transactions(self, batch: list) -> dict:
+        """The batch's eth_sendRawTransaction payloads decoded together (by the node's decoder
+        process when there are many), by position in the batch; malformed requests are left
+        to ``_one`` to report."""
+        raws = {}
+        for i, item in enumerate(batch):
+            if isinstance(item, dict) and item.get("method") == "eth_sendRawTransaction" \
+                    and isinstance(item.get("params"), list) and len(item["params"]) == 1:
+                try:
+                    raws[i] = parse_data(item["params"][0], "transaction")
+                except RpcError:
+                    continue
+        return dict(zip(raws, self.node.decode_many(list(raws.values())), strict=True))
+
+    def _one(self, request, decoded=None) -> dict | None:
         if not isinstance(request, dict) or not isinstance(request.get("method"), str):
             return self._error(None, RpcError(-32600, "invalid request: expected an object "
                                                       "with a method"))
@@ -155,7 +170,11 @@ class Rpc:
         if method is None:
             return self._error(rid, RpcError(-32601, f"method {request['method']} not found"))
         try:
-            if method == self.rpc_eth__sendRawTransaction:  # decodes and recovers unlocked
+            if decoded is not None:  # a raw transaction of a batch, decoded already
+                if isinstance(decoded, TxRejected):
+                    raise decoded
+                result = d(self.node.admit_decoded(decoded))
+            elif method == self.rpc_eth__sendRawTransaction:  # decodes and recovers unlocked
                 result = method(*params)
             else:
                 with self.node.lock:
