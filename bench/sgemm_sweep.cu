@@ -4,25 +4,15 @@
 
 using namespace sgemm;
 
-// BM, BN, BK, WM, WN, TM, TN, blocks/SM, block-row panel, split fetch, B by cp.async
-#define SGEMM_VARIANTS(X)                         \
-  X(Config<128, 128, 8, 64, 32, 8, 8, 2>)           \
-  X(Config<128, 128, 8, 32, 64, 8, 8, 2>)           \
-  X(Config<128, 128, 8, 64, 32, 8, 8, 2, 4>)        \
-  X(Config<128, 128, 8, 64, 32, 8, 8, 2, 8>)        \
-  X(Config<128, 128, 8, 64, 32, 8, 8, 2, 16>)       \
-  X(Config<128, 128, 8, 32, 64, 8, 8, 2, 8>)        \
-  X(Config<128, 128, 16, 64, 32, 8, 8, 2, 8>)       \
-  X(Config<128, 128, 16, 64, 32, 8, 8, 2, 8, true>) \
-  X(Config<128, 128, 8, 64, 32, 8, 8, 2, 8, false, true>)  \
-  X(Config<128, 128, 16, 64, 32, 8, 8, 2, 8, false, true>) \
-  X(Config<128, 128, 16, 64, 32, 8, 8, 2, 8, true, true>)  \
-  X(Config<128, 128, 8, 64, 64, 8, 16, 2, 8>)       \
-  X(Config<256, 128, 8, 64, 64, 16, 8, 1, 8>)       \
-  X(Config<128, 64, 8, 64, 32, 8, 8, 4>)            \
-  X(Config<128, 64, 8, 64, 32, 8, 8, 4, 8>)         \
-  X(Config<64, 64, 8, 32, 64, 8, 8, 4>)             \
-  X(Config<64, 64, 8, 32, 64, 8, 8, 4, 8>)
+// BM, BN, BK, WM, WN, TM, TN, blocks/SM, block-row panel (sgemm::Wide and sgemm::Small first)
+#define SGEMM_VARIANTS(X)                          \
+  X(Config<128, 128, 8, 64, 64, 8, 16, 2, 8>)        \
+  X(Config<64, 64, 8, 32, 64, 8, 8, 4, 8>)           \
+  X(Config<128, 128, 8, 64, 64, 8, 16, 2>)           \
+  X(Config<128, 128, 16, 64, 64, 8, 16, 2, 8>)       \
+  X(Config<128, 128, 8, 64, 32, 8, 8, 2, 8>)         \
+  X(Config<128, 128, 8, 32, 64, 8, 8, 2, 8>)         \
+  X(Config<128, 64, 8, 64, 32, 8, 8, 4, 8>)
 
 #define NAME(...) #__VA_ARGS__,
 static const char* kNames[] = {SGEMM_VARIANTS(NAME)};

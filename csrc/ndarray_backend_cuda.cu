@@ -1045,17 +1045,20 @@ void run_matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t 
   }
 }
 
-// Large products use 128 x 128 tiles (128 x 64 when rows are not 16-byte aligned); ones that
-// would leave multiprocessors idle with those use 64 x 64 tiles (four times the blocks).
+// The wide tiles unless their last wave of blocks would be less than half full (and short of 8
+// waves), where the 64 x 64 tiles leave a smaller tail; see sgemm.cuh.
 void sgemm_launch(const float* A, const float* B, float* C, int M, int N, int K) {
+  using sgemm::Small, sgemm::Wide;
   const bool vec = K % 4 == 0 && N % 4 == 0;
-  const int64_t large_blocks = (static_cast<int64_t>(M) + 127) / 128 * ((N + 127) / 128);
-  if (large_blocks < multiprocessor_count()) {
-    vec ? sgemm::launch<sgemm::Small, true>(A, B, C, M, N, K)
-        : sgemm::launch<sgemm::Small, false>(A, B, C, M, N, K);
+  const int64_t blocks = (static_cast<int64_t>(M) + Wide::BM - 1) / Wide::BM *
+                         ((static_cast<int64_t>(N) + Wide::BN - 1) / Wide::BN);
+  const int64_t slots = static_cast<int64_t>(Wide::kMinBlocks) * multiprocessor_count();
+  const int64_t tail = blocks % slots;
+  if (blocks >= 8 * slots || tail == 0 || 2 * tail >= slots) {
+    vec ? sgemm::launch<Wide, true>(A, B, C, M, N, K) : sgemm::launch<Wide, false>(A, B, C, M, N, K);
   } else {
-    vec ? sgemm::launch<sgemm::Large, true>(A, B, C, M, N, K)
-        : sgemm::launch<sgemm::Ragged, false>(A, B, C, M, N, K);
+    vec ? sgemm::launch<Small, true>(A, B, C, M, N, K)
+        : sgemm::launch<Small, false>(A, B, C, M, N, K);
   }
   CHECK_LAUNCH("matmul");
 }

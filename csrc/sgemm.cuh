@@ -2,9 +2,11 @@
 // and by bench/sgemm_sweep.cu, which times tile configurations against cuBLAS.
 //
 // Each block computes a BM x BN tile of C, stepping through K in slices of BK that are staged in
-// shared memory, double-buffered: the next slice is fetched from global memory into registers
-// while the current one is multiplied, then stored to the other buffer, so one barrier per slice
-// suffices. A is stored transposed (k-major, rows padded by 4 floats against bank conflicts) so
+// shared memory, double-buffered: the next slice is fetched from global memory while the current
+// one is multiplied, then stored to the other buffer, so one barrier per slice suffices. With
+// 16-byte rows (VEC: K and N multiples of 4) the fetch is cp.async, B's straight into its buffer
+// and A's into a per-thread staging area that the same thread then transposes; otherwise the
+// fetch goes through registers. A is stored transposed (k-major, rows padded by 4 floats against bank conflicts) so
 // both operands are read as float4. Each warp owns a WM x WN sub-tile; each thread a TM x TN
 // tile made of 4 x 4 quarters spread evenly over the warp tile, so that a warp's shared-memory
 // reads are broadcasts of at most 128 contiguous bytes; the operand fragments are double-
@@ -12,8 +14,13 @@
 //
 // Edges: rows of A and columns of B past the matrix are clamped to the last one (their products
 // land only in C elements that are never stored), so only the last, partial K slice needs
-// checks, where out-of-range k reads zeros. VEC (K and N multiples of 4) allows 16-byte global
-// loads and stores. GROUP > 0 walks the blocks in panels of GROUP block rows, for L2 reuse.
+// checks, where out-of-range k reads zeros. GROUP > 0 walks the blocks in panels of GROUP block
+// rows, for L2 reuse.
+//
+// The main loop has no branch around the next slice's fetch, stash and barrier (the last
+// iteration fetches its own slice again into the idle buffer): with one, ptxas sank the global
+// loads to just before the shared-memory stores and their latency showed (0.80x -> 0.86x of
+// cuBLAS on an H100 without it; bench/RESULTS.md has the sweep).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,14 +46,12 @@ __device__ __forceinline__ void wait_async_copies() {
 }
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_, int MIN_BLOCKS,
-          int GROUP = 0, bool SPLIT = false, bool ASYNC_B = false>
+          int GROUP = 0>
 struct Config {
   static constexpr int kWarps = (BM_ / WM_) * (BN_ / WN_);
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMinBlocks = MIN_BLOCKS;
   static constexpr int kGroup = GROUP;
-  static constexpr bool kSplit = SPLIT;
-  static constexpr bool kAsyncB = ASYNC_B;
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
   static constexpr int kThreadRows = WM / TM;  // threads of a warp along M
   static constexpr int kThreadCols = WN / TN;  // threads of a warp along N
@@ -56,11 +61,6 @@ struct Config {
   static_assert(TM % 4 == 0 && TN % 4 == 0, "thread tiles are made of 4 x 4 quarters");
   static_assert(kALoads * kThreads * 4 == BM * BK, "A slice must split evenly over threads");
   static_assert(kBLoads * kThreads * 4 == BK * BN, "B slice must split evenly over threads");
-  // SPLIT: the next slice is fetched and stored in kParts parts spread over the k steps, each
-  // part one float4 of A and of B, so that only 8 staging registers are live at a time.
-  static constexpr int kParts = SPLIT ? kALoads : 1;
-  static_assert(!SPLIT || (kALoads == kBLoads && BK % kALoads == 0),
-                "SPLIT needs as many A as B loads per thread, dividing BK");
 };
 
 template <typename Cfg, bool VEC>
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
   const float* b_src[Cfg::kBLoads];
   int b_row[Cfg::kBLoads];
-  int b_cols[Cfg::kBLoads][VEC ? 1 : 4];  // column offsets from b_src (VEC: one float4)
+  int b_cols[Cfg::kBLoads][VEC ? 1 : 4];  // clamped columns (VEC: of one float4)
 #pragma unroll
   for (int i = 0; i < Cfg::kBLoads; ++i) {
     const int idx = tid + i * Cfg::kThreads;
@@ -121,20 +121,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
   }
 
-  float4 a_stage[Cfg::kALoads], b_stage[Cfg::kBLoads];
+  float4 a_stage[Cfg::kALoads], b_stage[VEC ? 1 : Cfg::kBLoads];
 
-  // Loads slice k0 into registers; `edge` (the last slice when BK does not divide K) reads zeros
-  // for k >= K.
-  // ASYNC_B (16-byte rows only): B's slice goes straight to shared memory buffer `dst`.
-  constexpr bool kAsyncB = Cfg::kAsyncB && VEC;
-  auto fetch = [&](int k0, bool edge, int dst, int lo = 0, int hi = Cfg::kALoads) {
+  // Starts bringing in slice k0: with VEC by cp.async, A's into the thread's own slots of
+  // Astage (transposed by `stash`), B's straight into buffer `dst`; otherwise into registers.
+  // `edge` (the last slice when BK does not divide K) reads zeros for k >= K.
+  __shared__ __align__(16) float4 Astage[VEC ? Cfg::kALoads : 1][VEC ? Cfg::kThreads : 1];
+  auto fetch = [&](int k0, bool edge, int dst) {
 #pragma unroll
     for (int i = 0; i < Cfg::kALoads; ++i) {
-      if (i < lo || i >= hi) continue;
       const float* p = a_src[i] + k0;
       if constexpr (VEC) {
-        a_stage[i] = (!edge || k0 + a_col[i] < K) ? __ldg(reinterpret_cast<const float4*>(p))
-                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+        copy16_async(&Astage[i][tid].x, p, !edge || k0 + a_col[i] < K);
       } else {
         float v[4];
 #pragma unroll
@@ -144,15 +142,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
 #pragma unroll
     for (int i = 0; i < Cfg::kBLoads; ++i) {
-      if (Cfg::kSplit && (i < lo || i >= hi)) continue;
       const bool inside = !edge || k0 + b_row[i] < K;
       const float* p = b_src[i] + static_cast<size_t>(k0) * N;
-      if constexpr (kAsyncB) {
+      if constexpr (VEC) {
         const int idx = tid + i * Cfg::kThreads;
         copy16_async(&Bs[dst][b_row[i]][(idx % (BN / 4)) * 4], p + b_cols[i][0], inside);
-      } else if constexpr (VEC) {
-        b_stage[i] = inside ? __ldg(reinterpret_cast<const float4*>(p + b_cols[i][0]))
-                            : make_float4(0.f, 0.f, 0.f, 0.f);
       } else {
         float v[4];
 #pragma unroll
@@ -161,10 +155,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     }
   };
-  auto stash = [&](int buf, int lo = 0, int hi = Cfg::kALoads) {
+  // Stores the staged slice into buffer `buf` (after the thread's async copies have landed).
+  auto stash = [&](int buf) {
 #pragma unroll
     for (int i = 0; i < Cfg::kALoads; ++i) {
-      if (i < lo || i >= hi) continue;
+      if constexpr (VEC) a_stage[i] = Astage[i][tid];
       const int idx = tid + i * Cfg::kThreads;
       const int row = idx / (BK / 4), col = (idx % (BK / 4)) * 4;
       As[buf][col + 0][row] = a_stage[i].x;
@@ -172,12 +167,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       As[buf][col + 2][row] = a_stage[i].z;
       As[buf][col + 3][row] = a_stage[i].w;
     }
+    if constexpr (!VEC) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kBLoads; ++i) {
-      if (kAsyncB || (Cfg::kSplit && (i < lo || i >= hi))) continue;
-      const int idx = tid + i * Cfg::kThreads;
-      const int row = idx / (BN / 4), col = (idx % (BN / 4)) * 4;
-      *reinterpret_cast<float4*>(&Bs[buf][row][col]) = b_stage[i];
+      for (int i = 0; i < Cfg::kBLoads; ++i) {
+        const int idx = tid + i * Cfg::kThreads;
+        const int row = idx / (BN / 4), col = (idx % (BN / 4)) * 4;
+        *reinterpret_cast<float4*>(&Bs[buf][row][col]) = b_stage[i];
+      }
     }
   };
 
@@ -189,8 +185,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   const int tiles = (K + BK - 1) / BK;
   fetch(0, BK > K, 0);
-  stash(0);
   wait_async_copies();
+  stash(0);
   __syncthreads();
 
   float a[2][TM], b[2][TN];
@@ -219,38 +215,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int buf = t & 1;
     const int next = min(t + 1, tiles - 1) * BK;
     const bool edge = next + BK > K;
-    if constexpr (Cfg::kSplit) {
-      // Part p of the next slice is fetched at step p * kStep and stored kStep - 1 steps later.
-      constexpr int kStep = BK / Cfg::kParts;
+    fetch(next, edge, buf ^ 1);
+    // Step k's multiply-adds run while step k + 1's shared-memory reads are in flight.
 #pragma unroll
-      for (int k = 0; k < BK; ++k) {
-        if (k % kStep == 0) fetch(next, edge, buf ^ 1, k / kStep, k / kStep + 1);
-        if (k + 1 < BK) {
-          read_fragments(buf, k + 1, (k + 1) % 2);
-          if (k % kStep == kStep - 1) stash(buf ^ 1, k / kStep, k / kStep + 1);
-        } else {
-          stash(buf ^ 1, Cfg::kParts - 1, Cfg::kParts);
-          wait_async_copies();
-          __syncthreads();
-          read_fragments(buf ^ 1, 0, (k + 1) % 2);
-        }
-        multiply(k % 2);
+    for (int k = 0; k < BK; ++k) {
+      if (k + 1 < BK) {
+        read_fragments(buf, k + 1, (k + 1) % 2);
+      } else {
+        wait_async_copies();
+        stash(buf ^ 1);
+        __syncthreads();
+        read_fragments(buf ^ 1, 0, (k + 1) % 2);
       }
-    } else {
-      fetch(next, edge, buf ^ 1);
-      // Step k's multiply-adds run while step k + 1's shared-memory reads are in flight.
-#pragma unroll
-      for (int k = 0; k < BK; ++k) {
-        if (k + 1 < BK) {
-          read_fragments(buf, k + 1, (k + 1) % 2);
-        } else {
-          stash(buf ^ 1);
-          wait_async_copies();
-          __syncthreads();
-          read_fragments(buf ^ 1, 0, (k + 1) % 2);
-        }
-        multiply(k % 2);
-      }
+      multiply(k % 2);
     }
   }
 
@@ -280,8 +257,10 @@ void launch(const float* A, const float* B, float* C, int M, int N, int K) {
   sgemm_kernel<Cfg, VEC><<<grid, Cfg::kThreads>>>(A, B, C, M, N, K);
 }
 
-using Large = Config<128, 128, 8, 64, 32, 8, 8, 2, 8>;
-using Ragged = Config<128, 64, 8, 64, 32, 8, 8, 4, 8>;  // best measured without 16-byte loads
-using Small = Config<64, 64, 8, 32, 64, 8, 8, 4>;
+// Measured on an H100 (bench/RESULTS.md): 4-warp blocks of 8 x 16 thread tiles are the fastest
+// per multiprocessor, but a lone one runs slowly, so a nearly empty last wave costs almost a full
+// one; 64 x 64 tiles make four times the blocks and waves with small tails.
+using Wide = Config<128, 128, 8, 64, 64, 8, 16, 2, 8>;
+using Small = Config<64, 64, 8, 32, 64, 8, 8, 4, 8>;
 
 }  // namespace sgemm
