@@ -19,9 +19,11 @@ class Connections:
 
     def __init__(self, base_url: str, timeout: float, blocksize: int = 8192) -> None:
         url = urlsplit(base_url.rstrip("/"))
-        if url.scheme != "http":
-            raise ValueError(f"URL {base_url!r}: only http:// is supported")
-        self.host, self.port, self.prefix = url.hostname, url.port or 80, url.path
+        if url.scheme not in ("http", "https"):
+            raise ValueError(f"URL {base_url!r}: only http:// and https:// are supported")
+        self.kind = http.client.HTTPSConnection if url.scheme == "https" else \
+            http.client.HTTPConnection
+        self.host, self.port, self.prefix = url.hostname, url.port, url.path
         self.timeout, self.blocksize = timeout, blocksize
         self._local = threading.local()
         self._all: list[http.client.HTTPConnection] = []
@@ -30,8 +32,8 @@ class Connections:
     def current(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout,
-                                              blocksize=self.blocksize)
+            conn = self.kind(self.host, self.port, timeout=self.timeout,
+                             blocksize=self.blocksize)
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
