@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import eth.db.chain
 import eth.vm.base
-from eth.abc import BlockAPI
+from eth.abc import BlockAPI, BlockHeaderAPI, ReceiptAPI
 from eth.chains.base import Chain
 from eth.vm.forks.prague import PragueVM
 from eth.vm.forks.prague.blocks import PragueBlock
 from eth.vm.forks.prague.computation import PragueComputation
 from eth.vm.forks.prague.constants import DEPOSIT_REQUEST_TYPE
 from eth.vm.forks.prague.state import PragueState
+from eth_bloom import BloomFilter
 
 from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
@@ -53,6 +54,15 @@ class PoUWVMBase(PragueVM):
         for worker, amount in rewards.items():
             self.state.delta_balance(REWARD_POOL_ADDRESS, -amount)
             self.state.delta_balance(worker, amount)
+
+    def add_receipt_to_header(self, old_header: BlockHeaderAPI,
+                              receipt: ReceiptAPI) -> BlockHeaderAPI:
+        """Byzantium's, with the new header built from the old one's fields: rlp's ``copy``
+        deep-copies all 21 of them, for every transaction of the block."""
+        fields = old_header.as_dict()
+        fields.update(bloom=int(BloomFilter(old_header.bloom) | receipt.bloom),
+                      gas_used=receipt.gas_used)
+        return type(old_header)(**fields)
 
     def process_deposit_request_data(self, block: BlockAPI) -> None:
         """No deposit contract exists on this chain: an empty deposit list, no receipt scan."""

@@ -15,6 +15,7 @@ from eth._utils.address import generate_contract_address
 from eth.db.atomic import AtomicDB
 from eth.vm import opcode_values
 from eth.vm.code_stream import CodeStream
+from eth.vm.forks.byzantium import ByzantiumVM
 from eth.vm.spoof import SpoofTransaction
 from eth_utils import to_canonical_address
 from web3 import Web3
@@ -253,6 +254,15 @@ def test_stock_py_evm_accepts_every_fast_block(scenario):
         # full validation: re-executes with stock py-evm; any difference in state root,
         # receipts, logs bloom or gas used makes the import fail
         assert stock.import_block(block).imported_block.hash == block.hash
+    # the VM's header update per receipt (no deep copies) against Byzantium's own
+    vm = node.chain.get_vm()
+    for block in sealed:
+        ours = theirs = block.header.copy(gas_used=0, bloom=0)
+        for receipt in block.get_receipts(node.chain.chaindb):
+            ours = vm.add_receipt_to_header(ours, receipt)
+            theirs = ByzantiumVM.add_receipt_to_header(vm, theirs, receipt)
+            assert ours == theirs and type(ours) is type(theirs)
+        assert ours.hash == block.header.hash
     for a, b in zip(sealed[1].get_receipts(node.chain.chaindb),
                     stock.get_canonical_block_by_number(sealed[1].number).get_receipts(
                         stock.chaindb), strict=True):
