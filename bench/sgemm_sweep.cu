@@ -5,13 +5,13 @@
 using namespace sgemm;
 
 // BM, BN, BK, WM, WN, TM, TN, blocks/SM, block-row panel (sgemm::Wide and sgemm::Small first)
-#define SGEMM_VARIANTS(X)                          \
-  X(Config<128, 128, 8, 64, 64, 8, 16, 2, 8>)        \
-  X(Config<64, 64, 8, 32, 64, 8, 8, 4, 8>)           \
-  X(Config<128, 128, 8, 64, 64, 8, 16, 2>)           \
-  X(Config<128, 128, 16, 64, 64, 8, 16, 2, 8>)       \
-  X(Config<128, 128, 8, 64, 32, 8, 8, 2, 8>)         \
-  X(Config<128, 128, 8, 32, 64, 8, 8, 2, 8>)         \
+#define SGEMM_VARIANTS(X)                           \
+  X(Config<128, 128, 8, 64, 64, 8, 16, 2, 8>)       \
+  X(Config<64, 64, 8, 32, 64, 8, 8, 4, 8>)          \
+  X(Config<128, 128, 8, 64, 64, 8, 16, 2>)          \
+  X(Config<128, 128, 16, 64, 64, 8, 16, 2, 8>)      \
+  X(Config<128, 128, 8, 64, 32, 8, 8, 2, 8>)        \
+  X(Config<128, 128, 8, 32, 64, 8, 8, 2, 8>)        \
   X(Config<128, 64, 8, 64, 32, 8, 8, 4, 8>)
 
 #define NAME(...) #__VA_ARGS__,

@@ -1055,7 +1055,8 @@ void sgemm_launch(const float* A, const float* B, float* C, int M, int N, int K)
   const int64_t slots = static_cast<int64_t>(Wide::kMinBlocks) * multiprocessor_count();
   const int64_t tail = blocks % slots;
   if (blocks >= 8 * slots || tail == 0 || 2 * tail >= slots) {
-    vec ? sgemm::launch<Wide, true>(A, B, C, M, N, K) : sgemm::launch<Wide, false>(A, B, C, M, N, K);
+    vec ? sgemm::launch<Wide, true>(A, B, C, M, N, K)
+        : sgemm::launch<Wide, false>(A, B, C, M, N, K);
   } else {
     vec ? sgemm::launch<Small, true>(A, B, C, M, N, K)
         : sgemm::launch<Small, false>(A, B, C, M, N, K);

@@ -6,11 +6,11 @@
 // one is multiplied, then stored to the other buffer, so one barrier per slice suffices. With
 // 16-byte rows (VEC: K and N multiples of 4) the fetch is cp.async, B's straight into its buffer
 // and A's into a per-thread staging area that the same thread then transposes; otherwise the
-// fetch goes through registers. A is stored transposed (k-major, rows padded by 4 floats against bank conflicts) so
-// both operands are read as float4. Each warp owns a WM x WN sub-tile; each thread a TM x TN
-// tile made of 4 x 4 quarters spread evenly over the warp tile, so that a warp's shared-memory
-// reads are broadcasts of at most 128 contiguous bytes; the operand fragments are double-
-// buffered in registers across k steps.
+// fetch goes through registers. A is stored transposed (k-major, rows padded by 4 floats
+// against bank conflicts) so both operands are read as float4. Each warp owns a WM x WN
+// sub-tile; each thread a TM x TN tile made of 4 x 4 quarters spread evenly over the warp tile,
+// so that a warp's shared-memory reads are broadcasts of at most 128 contiguous bytes; the
+// operand fragments are double-buffered in registers across k steps.
 //
 // Edges: rows of A and columns of B past the matrix are clamped to the last one (their products
 // land only in C elements that are never stored), so only the last, partial K slice needs
@@ -19,8 +19,8 @@
 //
 // The main loop has no branch around the next slice's fetch, stash and barrier (the last
 // iteration fetches its own slice again into the idle buffer): with one, ptxas sank the global
-// loads to just before the shared-memory stores and their latency showed (0.80x -> 0.86x of
-// cuBLAS on an H100 without it; bench/RESULTS.md has the sweep).
+// loads to just before the shared-memory stores and their latency showed (removing it took
+// 0.81x to 0.86-0.88x of cuBLAS at 4096 on an H100; bench/RESULTS.md has the sweep).
 #pragma once
 
 #include <cuda_runtime.h>
