@@ -1,5 +1,6 @@
 """CMake configure of the project: the CUDA module is built only where a CUDA compiler exists."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -31,10 +32,16 @@ def configure(build_dir: Path, *extra: str) -> tuple[str, str]:
     assert result.returncode == 0, result.stdout + result.stderr
     build_files = "".join(
         path.read_text()
-        for name in ("build.ninja", "Makefile")
-        if (path := build_dir / name).exists()
+        for path in [build_dir / "build.ninja", build_dir / "Makefile"]
+        + sorted(build_dir.glob("CMakeFiles/*/flags.make"))  # Makefile generator's flags
+        if path.exists()
     )
     return result.stdout + result.stderr, build_files
+
+
+def cuda_targets(build_files: str) -> set[str]:
+    """The real (SASS) GPU targets nvcc is asked for, e.g. {"sm_80", "sm_90a"}."""
+    return set(re.findall(r"arch=compute_\w+,code=\[compute_\w+,(sm_\w+)\]", build_files))
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH: the CUDA path cannot be configured here")
@@ -44,6 +51,15 @@ def test_configure_with_nvcc_takes_cuda_path(tmp_path):
     assert "skipping the CUDA backend" not in output
     assert "ndarray_backend_cuda" in build_files
     assert "ndarray_backend_cpu" in build_files
+    # Ampere/Ada code (with PTX for newer GPUs) and the Hopper-only wgmma kernels by default
+    assert cuda_targets(build_files) == {"sm_80", "sm_90a"}
+    assert "code=[compute_80,sm_80]" in build_files
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH: the CUDA path cannot be configured here")
+def test_cuda_architectures_can_be_overridden(tmp_path):
+    _, build_files = configure(tmp_path, "-DCMAKE_CUDA_ARCHITECTURES=86")
+    assert cuda_targets(build_files) == {"sm_86"}
 
 
 @pytest.mark.parametrize(
