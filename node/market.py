@@ -74,8 +74,8 @@ class Verdict:
 
 class JobNews(NamedTuple):
     """Jobs open after a range of blocks (the Job as submitted, from its event, or None where
-    it must be looked up; oldest first), jobs claimed in it, and who claimed (address -> its
-    latest block)."""
+    it must be looked up; oldest first), jobs claimed or cancelled in it, and who claimed
+    (address -> its latest block)."""
 
     opened: dict[int, Job | None]
     taken: set[int]
@@ -175,10 +175,11 @@ class Market:
         claimers: dict[str, int] = {}
         for event in self.logs(from_block, to_block):
             args = event["args"]
-            if event["event"] == "JobClaimed":
+            if event["event"] in ("JobClaimed", "JobCancelled"):
                 found.pop(args["jobId"], None)
                 taken.add(args["jobId"])
-                claimers[args["worker"]] = event["blockNumber"]
+                if "worker" in args:
+                    claimers[args["worker"]] = event["blockNumber"]
             elif event["event"] == "JobSubmitted":
                 found[args["jobId"]] = Job(
                     args["jobId"], args["submitter"], ZERO_ADDRESS, JOB_OPEN, args["aId"],
