@@ -82,13 +82,17 @@ class BatchDecoder:
     started at the first large batch; in place if the worker breaks."""
 
     def __init__(self) -> None:
-        self._pool = ProcessPoolExecutor(max_workers=1,
-                                         mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_exit_with, initargs=(os.getpid(),))
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def decode_all(self, raws: list[bytes]) -> list[SignedTransactionAPI | TxRejected]:
         if len(raws) < MIN_WORKER_BATCH:
             return decode_all(raws)
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_exit_with, initargs=(os.getpid(),))
         try:
             return self._pool.submit(decode_all, raws).result()
         except BrokenProcessPool:
@@ -96,4 +100,6 @@ class BatchDecoder:
             return decode_all(raws)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
