@@ -17,14 +17,17 @@ using namespace sgemm;
 #define NAME(...) #__VA_ARGS__,
 static const char* kNames[] = {SGEMM_VARIANTS(NAME)};
 
-#define LAUNCHER(...) launch<__VA_ARGS__, true>,
-static void (*kLaunchers[])(const float*, const float*, float*, int, int, int) = {
-    SGEMM_VARIANTS(LAUNCHER)};
+#define VEC_LAUNCHER(...) launch<__VA_ARGS__, true>,
+#define ANY_LAUNCHER(...) launch<__VA_ARGS__, false>,
+using Launcher = void (*)(const float*, const float*, float*, int, int, int);
+static Launcher kVecLaunchers[] = {SGEMM_VARIANTS(VEC_LAUNCHER)};
+static Launcher kAnyLaunchers[] = {SGEMM_VARIANTS(ANY_LAUNCHER)};
 
 extern "C" int sweep_count() { return sizeof(kNames) / sizeof(kNames[0]); }
 extern "C" const char* sweep_name(int v) { return kNames[v]; }
-// Runs variant v on device pointers (K, N multiples of 4); returns the launch's CUDA error code.
+// Runs variant v on device pointers, with 16-byte copies where K and N allow them, as `matmul`
+// does; returns the launch's CUDA error code.
 extern "C" int sweep_run(int v, const float* A, const float* B, float* C, int M, int N, int K) {
-  kLaunchers[v](A, B, C, M, N, K);
+  (K % 4 == 0 && N % 4 == 0 ? kVecLaunchers : kAnyLaunchers)[v](A, B, C, M, N, K);
   return static_cast<int>(cudaGetLastError());
 }

@@ -55,7 +55,11 @@ def main() -> None:
     variants = args.variants or range(lib.sweep_count())
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    shapes = [(s, s, s) for s in args.sizes] + [(8192, 1024, 4096), (3000, 4100, 2996)]
+    shapes = [(s, s, s) for s in args.sizes] + [
+        (8192, 1024, 4096),
+        (3000, 4100, 2996),
+        (3001, 4097, 2999),
+    ]
     for m, k, n in shapes:
         a = torch.randn(m, k, device="cuda")
         b = torch.randn(k, n, device="cuda")
