@@ -24,7 +24,7 @@ JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(
 STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
 PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
 DEFAULT_MAX_BLOB_BYTES = 1 << 30
-VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS
+VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS (exact jobs use 1: this is an upper bound)
 # Fixed gas limits for the job lifecycle (no estimate round trip; measured use in
 # docs/protocol.md, with margin): a revert then costs only the gas used.
 CLAIM_GAS = 150_000  # measured: 87k

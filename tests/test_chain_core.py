@@ -179,14 +179,20 @@ class Signer:
         return self.account.sign_transaction(tx).raw_transaction
 
 
-def _run_job(node: Node, correct: bool) -> int:
-    """Register, submit, claim, commit and finalize one job by sealing blocks directly."""
+def _run_job(node: Node, correct: bool, precision: int = 1) -> int:
+    """Register, submit, claim, commit and finalize one job by sealing blocks directly
+    (precision 1: float32 operands; 0: exact, int8 operands and an int32 result)."""
     submitter, worker = (Signer(a) for a in dev_accounts(2))
-    a, b = RNG.standard_normal((6, 4), np.float32), RNG.standard_normal((4, 3), np.float32)
-    c = a @ b + (0 if correct else 1)
+    if precision == 0:
+        a, b = (RNG.integers(-128, 128, shape).astype(np.int8) for shape in ((6, 4), (4, 3)))
+        c = a.astype(np.int32) @ b.astype(np.int32) + (0 if correct else 1)
+    else:
+        a, b = RNG.standard_normal((6, 4), np.float32), RNG.standard_normal((4, 3), np.float32)
+        c = a @ b + (0 if correct else 1)
     a_id, b_id, c_id = (node.blobs.put(encode_array(x)) for x in (a, b, c))
     for raw in (worker.tx("register", value=10**18),
-                submitter.tx("submitJob", a_id, b_id, 1, 6, 4, 3, 1, 50, value=10**15)):
+                submitter.tx("submitJob", a_id, b_id, 1, 6, 4, 3, precision, 50,
+                             value=10**15)):
         node.admit(raw)
     node.seal()
     node.admit(worker.tx("claimJob", 0))
@@ -220,6 +226,27 @@ def test_seal_commits_to_verified_work_and_replay_reverifies(tmp_path):
     job_c[0].write_bytes(encode_array(wrong))  # content no longer matches its name
     with pytest.raises(ValidationError, match=f"block #{final} is invalid"):
         replay(node.chain, BlobStore(tampered_dir))
+    node.stop()
+
+
+def test_exact_jobs_are_checked_with_one_round(tmp_path):
+    """The market asks the precompile for 1 round on exact jobs (false accept <= 1/p) and 8
+    on float ones: the finalize blocks differ by 7 rounds of precompile gas, and an exact
+    result off by one is still caught."""
+    used = {}
+    for precision in (0, 1):
+        node = Node(NodeConfig(tmp_path / str(precision), block_time=0))
+        final = _run_job(node, correct=True, precision=precision)
+        used[precision] = node.chain.get_canonical_block_by_number(final).header.gas_used
+        assert node.chain.get_canonical_block_by_number(final).header.extra_data != \
+            keccak(rlp.encode([]))  # verified work in the seal
+        node.stop()
+    rounds_gas = check_gas(1, 6, 4, 3, 8) - check_gas(1, 6, 4, 3, 1)  # 7 * elements * 24
+    assert abs((used[1] - used[0]) - rounds_gas) < 100  # the rest: one branch in the contract
+    node = Node(NodeConfig(tmp_path / "wrong", block_time=0))
+    final = _run_job(node, correct=False, precision=0)
+    assert node.chain.get_canonical_block_by_number(final).header.extra_data == \
+        keccak(rlp.encode([]))
     node.stop()
 
 

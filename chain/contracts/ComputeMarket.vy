@@ -25,7 +25,8 @@ MIN_STAKE: constant(uint256) = 10**18
 WITHDRAW_COOLDOWN: constant(uint256) = 5
 FAIL_SLASH_BPS: constant(uint256) = 5000
 LATE_SLASH_BPS: constant(uint256) = 1000
-VERIFY_ROUNDS: constant(uint256) = 8
+VERIFY_ROUNDS: constant(uint256) = 8  # float classes: an error above twice the bound passes w.p. <= 2^-8
+EXACT_ROUNDS: constant(uint256) = 1  # exact class: a wrong result passes w.p. <= 1/p < 2^-60
 MAX_TIMEOUT_BLOCKS: constant(uint64) = 100000
 MAX_BATCH_JOBS: constant(uint256) = 256
 MAX_DIM: constant(uint64) = 2**32 - 1
@@ -399,8 +400,11 @@ def _slash(worker: address, bps: uint256, submitter: address) -> uint256:
 @internal
 def _finalize(jobId: uint256, j: Job):
     seed: bytes32 = keccak256(concat(blockhash(j.commitBlock), convert(jobId, bytes32)))
+    rounds: uint256 = VERIFY_ROUNDS
+    if j.precision == 0:
+        rounds = EXACT_ROUNDS
     payload: Bytes[320] = abi_encode(
-        j.aId, j.bId, j.cId, j.batch, j.m, j.k, j.n, j.precision, VERIFY_ROUNDS, seed
+        j.aId, j.bId, j.cId, j.batch, j.m, j.k, j.n, j.precision, rounds, seed
     )
     ok: bool = False
     out: Bytes[32] = b""
