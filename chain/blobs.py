@@ -117,16 +117,27 @@ class BlobStore:
 
     def put(self, data: bytes) -> bytes:
         """Store a blob after checking its size and format; returns its id."""
-        writer = self.writer(blob_id(data), len(data))
+        writer = self.writer(len(data))
         writer.write(data)
-        return writer.commit()
+        id_ = writer.commit(blob_id(data))
+        self.sync_directory()
+        return id_
 
-    def writer(self, id_: bytes, declared_size: int | None = None) -> BlobWriter:
-        """A streamed upload of the blob `id_` (size limit checked up front when declared)."""
+    def writer(self, declared_size: int | None = None) -> BlobWriter:
+        """A streamed upload of one blob (size limit checked up front when declared)."""
         if declared_size is not None and declared_size > self.max_bytes:
             raise BlobTooLarge(f"blob of {declared_size} bytes exceeds the {self.max_bytes}-byte "
                                "limit")
-        return BlobWriter(self, id_)
+        return BlobWriter(self)
+
+    def sync_directory(self) -> None:
+        """Make the renames of committed blobs durable: one fsync of the directory covers
+        every blob renamed into it before, so a batch of uploads pays it once."""
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def get(self, id_: bytes | str) -> bytes | None:
         try:
@@ -140,11 +151,12 @@ class BlobStore:
 
 class BlobWriter:
     """Receives one blob in chunks: hashes and writes each chunk to a temp file as it arrives
-    (the body is never held in memory), then renames the file into place once the size,
-    the sha256 and the header check out. Any failure leaves nothing behind."""
+    (the body is never held in memory), then fsyncs and renames the file into place once
+    the size, the sha256 and the header check out. Any failure leaves nothing behind. The
+    rename is durable only after the store's `sync_directory()`."""
 
-    def __init__(self, store: BlobStore, id_: bytes) -> None:
-        self.store, self.id = store, id_
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
         self.digest = hashlib.sha256()
         self.size = 0
         self.prefix = bytearray()  # the first bytes, enough for the header and dims
@@ -161,18 +173,19 @@ class BlobWriter:
         self.digest.update(chunk)
         self.file.write(chunk)
 
-    def commit(self) -> bytes:
-        """Check and store the blob; returns its id. ValueError says what was wrong."""
+    def commit(self, id_: bytes) -> bytes:
+        """Check that the blob is `id_` and well formed, and store it; returns its id.
+        ValueError says what was wrong."""
         try:
-            if self.digest.digest() != self.id:
+            if self.digest.digest() != id_:
                 raise ValueError(f"sha256 of the body is 0x{self.digest.hexdigest()}, "
-                                 f"not 0x{self.id.hex()}")
+                                 f"not 0x{id_.hex()}")
             dtype, shape, offset = parse_header(self.prefix)
             check_size(dtype, shape, self.size - offset)
-            target = self.store.path(self.id)
+            target = self.store.path(id_)
             if target.exists():  # content-addressed: the same bytes are already there
                 self.abort()
-                return self.id
+                return id_
             self.file.flush()
             os.fsync(self.file.fileno())
             self.file.close()
@@ -180,7 +193,7 @@ class BlobWriter:
         except BaseException:
             self.abort()
             raise
-        return self.id
+        return id_
 
     def abort(self) -> None:
         self.file.close()

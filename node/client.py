@@ -143,10 +143,8 @@ class JobClient:
                 raise RemoteJobError("validate", f"pair {i}: {err}") from err
         start = time.perf_counter()
         try:
-            with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-                a_ids = pool.map(self.market.put_array, [a for a, _ in pairs])
-                b_ids = pool.map(self.market.put_array, [b for _, b in pairs])
-                ids = list(zip(a_ids, b_ids, strict=True))
+            flat = self.market.put_arrays([x for pair in pairs for x in pair])
+            ids = list(zip(flat[0::2], flat[1::2], strict=True))
         except Exception as err:
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()

@@ -264,6 +264,10 @@ class Market:
     def put_array(self, array: np.ndarray) -> bytes:
         return self.blobs.put_array(array)
 
+    def put_arrays(self, arrays: list[np.ndarray]) -> list[bytes]:
+        """Upload many arrays; small ones travel batched, several per request."""
+        return self.blobs.put_arrays(arrays, UPLOAD_THREADS)
+
     def get_blob(self, id_: bytes) -> bytearray:
         """A blob's bytes (size limit and sha256 checked); BlobError otherwise."""
         return self.blobs.get(id_)

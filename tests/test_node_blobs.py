@@ -3,6 +3,7 @@ blob dtype and layout round-trip bit for bit (numpy is the reference), and overs
 forged, truncated or corrupt blobs are refused with a clear error and leave nothing behind."""
 import hashlib
 import http.client
+import json
 
 import numpy as np
 import pytest
@@ -99,3 +100,58 @@ def test_forged_truncated_and_corrupt_blobs(node, blobs):
     ones = np.ones(2, np.int8)
     np.testing.assert_array_equal(blobs.get_array(blobs.put(encode_array(ones))), ones)
     # the same keep-alive connection still works after a refused blob
+
+
+def test_batched_uploads_round_trip_and_match_single_puts(node, blobs):
+    """put_arrays batches small arrays (several per POST, one group commit) and sends large
+    ones alone; every id is the sha256 of numpy's encoding and every array comes back."""
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((n, 7)).astype(np.float32) for n in range(1, 300)]
+    arrays.insert(150, rng.standard_normal((600, 600)).astype(np.float32))  # 1.4 MB: alone
+    arrays.append(np.zeros((0, 3), np.int16))
+    arrays.append(arrays[0])  # a duplicate in the same batch is stored once
+    ids = blobs.put_arrays(arrays)
+    assert ids == [hashlib.sha256(encode_array(a)).digest() for a in arrays]
+    for id_, array in zip(ids, arrays, strict=True):
+        np.testing.assert_array_equal(blobs.get_array(id_), array)
+    assert not [f for f in stored_files(node) if f.startswith(".tmp")]
+
+
+def test_batch_with_forged_truncated_or_oversized_blobs(node):
+    """Each blob of a batch is checked against the id that follows it: a forged one is
+    refused by index while the others are stored; a truncated or oversized batch stores
+    nothing and leaves no temp file."""
+    good = [encode_array(np.arange(k, dtype=np.int32)) for k in (5, 6)]
+    forged = encode_array(np.arange(7, dtype=np.int32))
+
+    def frame(blob: bytes, id_: bytes) -> bytes:
+        return len(blob).to_bytes(8, "little") + blob + id_
+
+    def post(body: bytes, length: int | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", node.port)
+        conn.putrequest("POST", "/blobs/")
+        conn.putheader("Content-Length", str(len(body) if length is None else length))
+        conn.endheaders()
+        conn.send(body)
+        response = conn.getresponse()
+        result = response.status, json.loads(response.read())
+        conn.close()
+        return result
+
+    before = stored_files(node)
+    body = frame(good[0], hashlib.sha256(good[0]).digest()) + \
+        frame(forged, hashlib.sha256(b"other").digest()) + \
+        frame(good[1], hashlib.sha256(good[1]).digest())
+    status, reply = post(body)
+    assert status == 400 and "blob 1 (0x" in reply["error"] and "sha256" in reply["error"]
+    assert reply["stored"] == ["0x" + hashlib.sha256(g).hexdigest() for g in good]
+    assert set(stored_files(node)) - set(before) == {hashlib.sha256(g).hexdigest() for g in good}
+
+    before = stored_files(node)
+    status, reply = post(body[:-10])
+    assert status == 400 and "ends inside blob 2" in reply["error"]
+    status, reply = post((LIMIT_MB << 21).to_bytes(8, "little"))  # declares 8 MB
+    assert status == 413 and "blob 0" in reply["error"]
+    status, reply = post(b"", length=LIMIT_MB << 22)
+    assert status == 413
+    assert stored_files(node) == before  # nothing stored, no temp file left
