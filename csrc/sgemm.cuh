@@ -3,10 +3,10 @@
 //
 // Each block computes a BM x BN tile of C, stepping through K in slices of BK that are staged in
 // shared memory, double-buffered: the next slice is fetched from global memory while the current
-// one is multiplied, then stored to the other buffer, so one barrier per slice suffices. The
-// fetch is cp.async (16-byte copies where K and N are multiples of 4, VEC; 4-byte ones
-// otherwise), B's straight into its buffer and A's into a per-thread staging area that the same
-// thread then transposes. A is stored transposed (k-major, rows padded by 4 floats
+// one is multiplied, then stored to the other buffer, so one barrier per slice suffices. With
+// 16-byte rows (VEC: K and N multiples of 4) the fetch is cp.async, B's straight into its buffer
+// and A's into a per-thread staging area that the same thread then transposes; otherwise the
+// fetch goes through registers. A is stored transposed (k-major, rows padded by 4 floats
 // against bank conflicts) so both operands are read as float4. Each warp owns a WM x WN
 // sub-tile; each thread a TM x TN tile made of 4 x 4 quarters spread evenly over the warp tile,
 // so that a warp's shared-memory reads are broadcasts of at most 128 contiguous bytes; the
@@ -27,26 +27,15 @@
 
 namespace sgemm {
 
-// BYTES (16 or 4) global -> shared without passing through registers (sm_80+); zeros when
-// !valid.
-template <int BYTES>
-__device__ __forceinline__ void copy_async(float* smem, const float* gmem, bool valid) {
+// 16 bytes global -> shared without passing through registers (sm_80+); zeros when !valid.
+__device__ __forceinline__ void copy16_async(float* smem, const float* gmem, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-                 "r"(valid ? 16 : 0));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem),
-                 "r"(valid ? 4 : 0));
-  }
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0));
 #else
-  if constexpr (BYTES == 16) {
-    *reinterpret_cast<float4*>(smem) =
-        valid ? __ldg(reinterpret_cast<const float4*>(gmem)) : make_float4(0.f, 0.f, 0.f, 0.f);
-  } else {
-    *smem = valid ? __ldg(gmem) : 0.f;
-  }
+  *reinterpret_cast<float4*>(smem) =
+      valid ? __ldg(reinterpret_cast<const float4*>(gmem)) : make_float4(0.f, 0.f, 0.f, 0.f);
 #endif
 }
 
@@ -132,47 +121,67 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
   }
 
-  // Starts bringing in slice k0 by cp.async (16-byte copies with VEC, else 4-byte ones): A's
-  // into the thread's own slots of Astage (transposed by `stash`), B's straight into buffer
-  // `dst`. `edge` (the last slice when BK does not divide K) reads zeros for k >= K.
-  __shared__ __align__(16) float4 Astage[Cfg::kALoads][Cfg::kThreads];
+  // Starts bringing in slice k0: with VEC by cp.async, A's into the thread's own slots of
+  // Astage (transposed by `stash`), B's straight into buffer `dst`; otherwise into registers by
+  // 4-byte loads (4-byte cp.async measured slower there). `edge` (the last slice when BK does
+  // not divide K) reads zeros for k >= K; such copies read nothing and point at the matrix's
+  // start all the same.
+  float4 a_stage[VEC ? 1 : Cfg::kALoads], b_stage[VEC ? 1 : Cfg::kBLoads];
+  __shared__ __align__(16) float4 Astage[VEC ? Cfg::kALoads : 1][VEC ? Cfg::kThreads : 1];
   auto fetch = [&](int k0, bool edge, int dst) {
 #pragma unroll
     for (int i = 0; i < Cfg::kALoads; ++i) {
       const float* p = a_src[i] + k0;
       if constexpr (VEC) {
-        copy_async<16>(&Astage[i][tid].x, p, !edge || k0 + a_col[i] < K);
+        const bool inside = !edge || k0 + a_col[i] < K;
+        copy16_async(&Astage[i][tid].x, inside ? p : A, inside);
       } else {
+        float v[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          copy_async<4>(&Astage[i][tid].x + j, p + j, !edge || k0 + a_col[i] + j < K);
+        for (int j = 0; j < 4; ++j) v[j] = (!edge || k0 + a_col[i] + j < K) ? __ldg(p + j) : 0.f;
+        a_stage[i] = make_float4(v[0], v[1], v[2], v[3]);
       }
     }
 #pragma unroll
     for (int i = 0; i < Cfg::kBLoads; ++i) {
       const bool inside = !edge || k0 + b_row[i] < K;
       const float* p = b_src[i] + static_cast<size_t>(k0) * N;
-      float* to = &Bs[dst][b_row[i]][((tid + i * Cfg::kThreads) % (BN / 4)) * 4];
       if constexpr (VEC) {
-        copy_async<16>(to, p + b_cols[i][0], inside);
+        float* to = &Bs[dst][b_row[i]][((tid + i * Cfg::kThreads) % (BN / 4)) * 4];
+        copy16_async(to, inside ? p + b_cols[i][0] : B, inside);
       } else {
+        float v[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) copy_async<4>(to + j, p + b_cols[i][j], inside);
+        for (int j = 0; j < 4; ++j) v[j] = inside ? __ldg(p + b_cols[i][j]) : 0.f;
+        b_stage[i] = make_float4(v[0], v[1], v[2], v[3]);
       }
     }
   };
-  // Stores the thread's staged part of A's slice, transposed, into buffer `buf` (after the
-  // thread's async copies have landed).
+  // Stores the staged slice into buffer `buf` (after the thread's async copies have landed):
+  // A's transposed, and B's where it came through registers.
   auto stash = [&](int buf) {
 #pragma unroll
     for (int i = 0; i < Cfg::kALoads; ++i) {
-      const float4 v = Astage[i][tid];
+      float4 v;
+      if constexpr (VEC) {
+        v = Astage[i][tid];
+      } else {
+        v = a_stage[i];
+      }
       const int idx = tid + i * Cfg::kThreads;
       const int row = idx / (BK / 4), col = (idx % (BK / 4)) * 4;
       As[buf][col + 0][row] = v.x;
       As[buf][col + 1][row] = v.y;
       As[buf][col + 2][row] = v.z;
       As[buf][col + 3][row] = v.w;
+    }
+    if constexpr (!VEC) {
+#pragma unroll
+      for (int i = 0; i < Cfg::kBLoads; ++i) {
+        const int idx = tid + i * Cfg::kThreads;
+        const int row = idx / (BN / 4), col = (idx % (BN / 4)) * 4;
+        *reinterpret_cast<float4*>(&Bs[buf][row][col]) = b_stage[i];
+      }
     }
   };
 
@@ -206,9 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[slot][i], b[slot][j], acc[i][j]);
   };
 
-  // No branch around the next slice's fetch, stash and barrier (the last iteration fetches its
-  // own slice again and stores it to the idle buffer): with one, ptxas sinks the global loads
-  // to just before the stores, and their latency shows.
+  // No branch around the next slice's fetch, stash and barrier (see the top of this file).
   read_fragments(0, 0, 0);
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
