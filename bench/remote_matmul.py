@@ -135,10 +135,17 @@ def main() -> None:
                   rng.standard_normal((32, 32)).astype(np.float32))
                  for _ in range(args.small_jobs)]
         t0 = time.perf_counter()
+        jobs = []
         for start in range(0, len(pairs), 256):
-            client.matmul_batch(pairs[start:start + 256])
+            batch = client.submit(pairs[start:start + 256])
+            client.wait(batch)
+            jobs += batch
         seconds = time.perf_counter() - t0
-        print(f"{args.small_jobs / seconds:.1f} jobs/s ({seconds:.2f}s)")
+        print(f"{args.small_jobs / seconds:.1f} jobs/s ({seconds:.2f}s); first / median / "
+              "last job to reach each stage, from the start (s):")
+        for stage in ("uploaded", "submitted", "committed", "verified", "paid"):
+            at = np.percentile([j.times[stage] - t0 for j in jobs], [0, 50, 100])
+            print(f"  {stage:<10} {at[0]:6.3f} {at[1]:6.3f} {at[2]:6.3f}")
 
         print(f"\n== {args.small_jobs} small products (32x32) as one batched job")
         a3 = np.stack([p[0] for p in pairs])

@@ -157,6 +157,7 @@ class BlobWriter:
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
+        self.id: bytes | None = None  # set once the body checked out
         self.digest = hashlib.sha256()
         self.size = 0
         self.prefix = bytearray()  # the first bytes, enough for the header and dims
@@ -176,24 +177,40 @@ class BlobWriter:
     def commit(self, id_: bytes) -> bytes:
         """Check that the blob is `id_` and well formed, and store it; returns its id.
         ValueError says what was wrong."""
+        self.check(id_)
+        self.persist()
+        return id_
+
+    def check(self, id_: bytes) -> None:
+        """ValueError (and nothing left behind) unless the body hashes to `id_` and is a
+        well-formed blob."""
         try:
             if self.digest.digest() != id_:
                 raise ValueError(f"sha256 of the body is 0x{self.digest.hexdigest()}, "
                                  f"not 0x{id_.hex()}")
             dtype, shape, offset = parse_header(self.prefix)
             check_size(dtype, shape, self.size - offset)
-            target = self.store.path(id_)
-            if target.exists():  # content-addressed: the same bytes are already there
+        except BaseException:
+            self.abort()
+            raise
+        self.id = id_
+
+    def persist(self) -> None:
+        """fdatasync the checked blob and rename it into place (dropped if the store has it:
+        content-addressed, the same bytes are already there). Blocks on the disk: a batch
+        runs these on several threads, so the filesystem joins their flushes."""
+        try:
+            target = self.store.path(self.id)
+            if target.exists():
                 self.abort()
-                return id_
+                return
             self.file.flush()
-            os.fsync(self.file.fileno())
+            os.fdatasync(self.file.fileno())
             self.file.close()
             os.replace(self.tmp, target)
         except BaseException:
             self.abort()
             raise
-        return id_
 
     def abort(self) -> None:
         self.file.close()

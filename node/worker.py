@@ -58,7 +58,7 @@ class WorkerConfig:
     max_in_flight: int = 8
     poll_interval: float = 1.0  # longest wait for a new block (a long poll) before polling anyway
     direct_commit_flops: int = 2 * 512**3  # smaller jobs: computed first, claimed + committed
-    max_batch_jobs: int = 32  # small jobs taken per new block, committed in one transaction
+    max_batch_jobs: int = 128  # small jobs taken per block, committed in one transaction
     finalize_timeout: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int | None = None
