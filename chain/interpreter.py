@@ -5,8 +5,10 @@ values through its typed ``Stack``; for the market's ~345 opcodes per ``submitJo
 overhead is most of the execution time. This loop keeps the program counter and the gas in
 locals and works on the stack's list directly. The inline opcodes (stack, arithmetic,
 comparison, bitwise, jumps, memory words, call data) follow py-evm's semantics and charge the
-static gas of py-evm's own opcode table; memory expansion and every other opcode are py-evm's
-functions, called with the gas and program counter written back first and read again after.
+static gas of py-evm's own opcode table; SLOAD and SSTORE charge EIP-2929's warm/cold access
+and EIP-2200/3529's gas and refunds, with py-evm's state calls in py-evm's order; memory
+expansion and every other opcode are py-evm's functions, called with the gas and program
+counter written back first and read again after.
 
 Why errors need no more care: every VM error but ``Revert`` burns all the gas of the frame,
 and ``REVERT`` is py-evm's own, so the kind of error raised here never changes an outcome.
@@ -24,8 +26,11 @@ from eth.exceptions import (
     InsufficientStack,
     InvalidJumpDestination,
     OutOfGas,
+    WriteProtection,
 )
 from eth.vm.computation import NO_RESULT
+from eth.vm.forks.berlin.constants import COLD_SLOAD_COST, WARM_STORAGE_READ_COST
+from eth.vm.forks.london.storage import GAS_SCHEDULE_EIP3529
 from eth.vm.forks.prague.computation import PragueComputation
 from eth.vm.logic.invalid import InvalidOpcode
 
@@ -38,7 +43,7 @@ STOP, ADD, MUL, SUB = 0x00, 0x01, 0x02, 0x03
 LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT = range(0x10, 0x1A)
 SHL, SHR = 0x1B, 0x1C
 CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE = 0x33, 0x34, 0x35, 0x36
-POP, MLOAD, MSTORE = 0x50, 0x51, 0x52
+POP, MLOAD, MSTORE, SLOAD, SSTORE = 0x50, 0x51, 0x52, 0x54, 0x55
 JUMP, JUMPI = 0x56, 0x57
 JUMPDEST = 0x5B
 PUSH0, PUSH32 = 0x5F, 0x7F
@@ -47,7 +52,8 @@ SWAP1, SWAP16 = 0x90, 0x9F
 
 INLINE = frozenset([
     STOP, ADD, MUL, SUB, LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT, SHL, SHR,
-    CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE, POP, MLOAD, MSTORE, JUMP, JUMPI, JUMPDEST,
+    CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE, POP, MLOAD, MSTORE, SLOAD, SSTORE,
+    JUMP, JUMPI, JUMPDEST,
     *range(PUSH0, PUSH32 + 1), *range(DUP1, DUP16 + 1), *range(SWAP1, SWAP16 + 1),
 ])
 
@@ -73,6 +79,34 @@ def _inline_gas(computation_class: type[ComputationAPI]) -> tuple[int, ...]:
     return tuple(table[op].gas_cost if op in INLINE else 0 for op in range(256))
 
 
+# EIP-2200 as amended by EIP-2929 (cold slots) and EIP-3529 (smaller clearing refund)
+SSTORE_STIPEND = 2300  # SSTORE fails when no more than the call stipend is left
+SSTORE_NOOP_GAS = GAS_SCHEDULE_EIP3529.sload_gas
+SSTORE_SET_GAS = GAS_SCHEDULE_EIP3529.sstore_set_gas
+SSTORE_RESET_GAS = GAS_SCHEDULE_EIP3529.sstore_reset_gas
+SSTORE_CLEAR_REFUND = GAS_SCHEDULE_EIP3529.sstore_clears_schedule
+
+
+def sstore_gas(original: int, current: int, new: int) -> tuple[int, int]:
+    """Gas and refund (may be negative) of writing ``new`` over ``current``, the slot holding
+    ``original`` when the transaction began; the cold-slot surcharge is charged apart."""
+    if current == new:
+        return SSTORE_NOOP_GAS, 0
+    if original == current:
+        if original == 0:
+            return SSTORE_SET_GAS, 0
+        return SSTORE_RESET_GAS, SSTORE_CLEAR_REFUND if new == 0 else 0
+    refund = 0
+    if original != 0:
+        if current == 0:
+            refund -= SSTORE_CLEAR_REFUND
+        if new == 0:
+            refund += SSTORE_CLEAR_REFUND
+    if original == new:
+        refund += (SSTORE_SET_GAS if original == 0 else SSTORE_RESET_GAS) - SSTORE_NOOP_GAS
+    return SSTORE_NOOP_GAS, refund
+
+
 def _signed(value: int) -> int:
     return value if value <= INT256_MAX else value - UINT256_CEILING
 
@@ -89,6 +123,7 @@ def execute_code(computation: ComputationAPI) -> None:
     push, pop = stack.append, stack.pop
     memory = computation._memory
     meter = computation._gas_meter
+    state, storage_address = computation.state, computation.msg.storage_address
     gas = meter.gas_remaining
     pc, end = 0, len(code)
     try:
@@ -196,6 +231,37 @@ def execute_code(computation: ComputationAPI) -> None:
                 if len(stack) >= STACK_LIMIT:
                     raise FullStack("Stack limit reached")
                 push(len(computation.msg.data_as_bytes))
+            elif op == SLOAD:
+                slot = pop()
+                if state.is_storage_warm(storage_address, slot):
+                    cost = WARM_STORAGE_READ_COST
+                else:
+                    state.mark_storage_warm(storage_address, slot)
+                    cost = COLD_SLOAD_COST
+                if cost > gas:
+                    raise OutOfGas(f"Out of gas: SLOAD needed {cost}, remaining {gas}")
+                gas -= cost
+                push(state.get_storage(storage_address, slot))
+            elif op == SSTORE:  # in py-evm's order of checks, reads and writes
+                if computation.msg.is_static:
+                    raise WriteProtection("SSTORE inside a STATICCALL context")
+                if gas <= SSTORE_STIPEND:
+                    raise OutOfGas(f"SSTORE with {gas} gas left, at most the call stipend")
+                slot, value = pop(), pop()
+                current = state.get_storage(storage_address, slot)
+                original = state.get_storage(storage_address, slot, from_journal=False)
+                cost, refund = sstore_gas(original, current, value)
+                if cost > gas:
+                    raise OutOfGas(f"Out of gas: SSTORE needed {cost}, remaining {gas}")
+                gas -= cost
+                if refund:
+                    meter.refund_gas(refund)
+                state.set_storage(storage_address, slot, value)
+                if not state.is_storage_warm(storage_address, slot):
+                    state.mark_storage_warm(storage_address, slot)
+                    if COLD_SLOAD_COST > gas:
+                        raise OutOfGas(f"Out of gas: cold SSTORE slot, remaining {gas}")
+                    gas -= COLD_SLOAD_COST
             elif op == STOP:
                 break
             else:  # py-evm's own opcode function charges its gas and may move the pc

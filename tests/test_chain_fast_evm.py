@@ -128,6 +128,75 @@ EDGE_RUNTIMES = {
 }
 
 
+def push2(value: int) -> bytes:
+    return bytes([opcode_values.PUSH2]) + value.to_bytes(2, "big")
+
+
+def dispatch_runtime(routines: list[bytes]) -> bytes:
+    """Runs ``routines[calldata word 0]``; each routine starts with JUMPDEST."""
+    def table(offsets):
+        return asm(0, "CALLDATALOAD", *[item for k, offset in enumerate(offsets)
+                                        for item in ("DUP1", k, "EQ", push2(offset), "JUMPI")],
+                   "STOP")
+    offset, offsets = len(table([0] * len(routines))), []
+    for routine in routines:
+        offsets.append(offset)
+        offset += len(routine)
+    return table(offsets) + b"".join(routines)
+
+
+GAS_MARK = ["GAS", "MSIZE", "MSTORE"]  # the gas left, appended to memory (returned at the end)
+
+
+def storage_rules_runtime() -> bytes:
+    """SLOAD/SSTORE through the EIP-2200/2929/3529 cases, the gas left after each recorded.
+    Routine 0 gives slots 10-15 the value 7 (run in an earlier block, so that they are
+    originally nonzero in the transactions of routine 1); routine 2 stores 1 into slot 20
+    (cold, zero -> nonzero) and then 0, routine 3 writes slot 21's own value (cold no-op),
+    routine 4 stores 1 into slot NUMBER (cold, zero -> nonzero): the probe calls those with
+    gas around each bound."""
+    setup = ["JUMPDEST", *(item for slot in range(10, 16) for item in (7, slot, "SSTORE")),
+             "STOP"]
+    rules = ["JUMPDEST",
+             10, "SLOAD", *GAS_MARK, 10, "SLOAD", "ADD", *GAS_MARK,  # cold, then warm read
+             5, 1, "SSTORE", *GAS_MARK,   # zero -> nonzero, cold slot
+             5, 1, "SSTORE", *GAS_MARK,   # no change, warm
+             0, 1, "SSTORE", *GAS_MARK,   # back to the original zero: refund
+             0, 11, "SSTORE", *GAS_MARK,  # nonzero -> zero: clearing refund, cold
+             7, 11, "SSTORE", *GAS_MARK,  # back to the original nonzero: refund taken back
+             9, 12, "SSTORE", 0, 12, "SSTORE", 3, 12, "SSTORE", *GAS_MARK,  # dirty slot
+             7, 13, "SSTORE", *GAS_MARK,  # same value, cold
+             14, "SLOAD", 8, 14, "SSTORE", *GAS_MARK,  # warmed by the SLOAD
+             0, 2, "SSTORE", *GAS_MARK,   # zero -> zero, cold
+             0, 15, "SSTORE", 0, 15, "SSTORE", 15, "SLOAD", *GAS_MARK,
+             "MSIZE", 0, "RETURN"]
+    set_and_clear = ["JUMPDEST", 1, 20, "SSTORE", 0, 20, "SSTORE", "STOP"]
+    cold_noop = ["JUMPDEST", 0, 21, "SSTORE", "STOP"]
+    cold_set = ["JUMPDEST", 1, "NUMBER", "SSTORE", "STOP"]  # a slot still zero in each block
+    return dispatch_runtime([asm(*setup), asm(*rules), asm(*set_and_clear), asm(*cold_noop),
+                             asm(*cold_set)])
+
+
+GAS_SWEEPS = ((3, range(2_389, 2_409)), (2, range(24_473, 24_493)), (4, range(22_200, 22_225)),
+              (2, range(2_483, 25_483, 1000)))
+
+
+def storage_gas_probe_runtime(rules: bytes) -> bytes:
+    """CALLs the storage rules' routines 2 and 3 with gas stepping over the EIP-2200 stipend
+    bound and the SSTORE costs (each call fails or succeeds by a few gas units); records each
+    call's success and the gas left, and returns them."""
+    target = int.from_bytes(rules, "big")
+    code = []
+    # routine 3 needs 2399 gas (2300 + 1 left at its SSTORE), routine 2 24483 (its second
+    # SSTORE with 2301 left), routine 4 22220 (20000 and the cold slot's 2100 at its SSTORE);
+    # the last sweep runs out of gas during the first SSTORE's charge
+    for routine, gas_values in GAS_SWEEPS:
+        code += [routine, 0, "MSTORE"]
+        for gas in gas_values:
+            code += [0, 0, 32, 0, 0, target, gas, "CALL", "MSIZE", "MSTORE", *GAS_MARK]
+    return asm(*code, "MSIZE", 0, "RETURN")
+
+
 def probe_runtime(targets: list[bytes], arith: bytes) -> bytes:
     """Calls each target (limited gas) and records success, return data size and a hash of
     the return data; then STATICCALL/DELEGATECALL/CALL with value to the arith contract,
@@ -183,14 +252,15 @@ def words(*values: int) -> bytes:
 
 
 def call(chain, header, sender: bytes, to: bytes, data: bytes, value: int = 0):
-    """(success, output, gas used, logs) of a call executed on top of ``header``."""
+    """(success, output, gas used, gas refund, logs) of a call executed on top of
+    ``header``."""
     vm = chain.get_vm(header)
     with vm.in_costless_state() as state:
         tx = vm.create_unsigned_transaction(nonce=state.get_nonce(sender), gas_price=0,
                                             gas=5_000_000, to=to, value=value, data=data)
         computation = state.costless_execute_transaction(SpoofTransaction(tx, from_=sender))
     return (computation.is_success, computation.output, computation.get_gas_used(),
-            computation.get_log_entries())
+            computation.get_gas_refund(), computation.get_log_entries())
 
 
 def run_blocks(node: Node, blocks: list[list[bytes]]) -> list:
@@ -213,13 +283,16 @@ def scenario(tmp_path):
     edges = [deployer.create(code) for code in EDGE_RUNTIMES.values()]
     edge_addresses = [address for _, address in edges]
     raw_probe, probe = deployer.create(probe_runtime(edge_addresses, arith))
+    raw_rules, rules = deployer.create(storage_rules_runtime())
+    raw_gas_probe, gas_probe = deployer.create(storage_gas_probe_runtime(rules))
 
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((5, 4), np.float32), rng.standard_normal((4, 3), np.float32)
     a_id, b_id, good_c, bad_c = (node.blobs.put(encode_array(x))
                                  for x in (a, b, a @ b, a @ b + 1))
     blocks = [
-        [raw_arith, raw_probe, *(raw for raw, _ in edges),
+        [raw_arith, raw_probe, raw_rules, raw_gas_probe, other.tx(rules, words(0)),
+         *(raw for raw, _ in edges),
          worker.market("register", value=10**18),
          submitter.market("submitJob", a_id, b_id, 1, 5, 4, 3, 1, 50, value=10**15),
          submitter.market("submitJob", a_id, b_id, 1, 5, 4, 3, 1, 50, value=10**15),
@@ -234,13 +307,16 @@ def scenario(tmp_path):
            zip(EDGE_WORDS, reversed(EDGE_WORDS), EDGE_WORDS[3:] + EDGE_WORDS[:3],
                strict=True)),
          *(other.tx(address, words(i)) for i, address in enumerate(edge_addresses)),
-         other.tx(probe, value=10**6)],
+         other.tx(probe, value=10**6),
+         other.tx(rules, words(1)), other.tx(gas_probe),
+         other.tx(rules, words(1), gas=21_000 + 16 * 32 + 40_000),  # out of gas in SSTOREs
+         other.tx(rules, words(0))],  # the setup again: every write a no-op
         [worker.market("commitResult", 0, good_c), worker.market("commitResult", 1, bad_c)],
         [worker.market("finalize", 0), worker.market("finalize", 1),  # pass, fail (slash)
          submitter.market("cancel", 0)],  # already verified: reverts
     ]
     sealed = run_blocks(node, blocks)
-    yield node, sealed, arith, edge_addresses, probe, other.address
+    yield node, sealed, arith, edge_addresses, probe, other.address, rules, gas_probe
     node.stop()
 
 
@@ -270,7 +346,7 @@ def test_stock_py_evm_accepts_every_fast_block(scenario):
 
 
 def test_calls_return_the_same_data_and_gas(scenario):
-    node, sealed, arith, edges, _, caller = scenario
+    node, sealed, arith, edges, _, caller, rules, gas_probe = scenario
     stock = build_chain_class(node.blobs, fast=False).from_genesis(
         AtomicDB(), genesis_params(), genesis_state())
     for block in sealed:
@@ -285,6 +361,14 @@ def test_calls_return_the_same_data_and_gas(scenario):
     # discarded call state trips py-evm's storage journal, stock and fast alike)
     calls += [(MARKET_ADDRESS, Web3.to_bytes(hexstr=MARKET.encode_abi("getJob", args=[job])), 0)
               for job in (0, 1, 99)]
+    calls += [(rules, words(routine), 0) for routine in (1, 2, 3, 0)]
+    probed = call(node.chain, header, caller, gas_probe, b"")
+    successes = [int.from_bytes(probed[1][i:i + 32], "big")
+                 for i in range(32, len(probed[1]), 64)]
+    for _, gas_values in GAS_SWEEPS:  # each sweep fails, then passes at the bound
+        sweep, successes = successes[:len(gas_values)], successes[len(gas_values):]
+        assert sweep[0] == 0 and sweep[-1] == 1 and sweep == sorted(sweep), (gas_values, sweep)
+    calls += [(gas_probe, b"", 0)]
     outcomes = {True: 0, False: 0}
     for to, data, value in calls:
         fast = call(node.chain, header, caller, to, data, value)
