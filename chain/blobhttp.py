@@ -13,6 +13,7 @@ import hashlib
 import http.client
 import json
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -244,6 +245,8 @@ class BlobClient:
     def __init__(self, base_url: str, max_bytes: int, timeout: float = 60.0) -> None:
         self.connections = Connections(base_url, timeout, blocksize=CHUNK)
         self.max_bytes = max_bytes
+        self._upload_pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def _request(self, method: str, id_: bytes | None, parts=()) -> http.client.HTTPResponse:
         path = self.connections.prefix + (f"/0x{id_.hex()}" if id_ is not None else "/")
@@ -329,11 +332,20 @@ class BlobClient:
             return self.put_many([array_parts(arrays[i]) for i in group])
 
         ids: list[bytes] = [b""] * len(arrays)
-        with ThreadPoolExecutor(min(threads, max(len(groups), 1))) as pool:
-            for group, group_ids in zip(groups, pool.map(upload, groups), strict=True):
-                for i, id_ in zip(group, group_ids, strict=True):
-                    ids[i] = id_
+        # one request on this thread's connection; several on the client's pool, whose
+        # threads (and so keep-alive connections) live as long as the client
+        uploads = map(upload, groups) if len(groups) == 1 else self._pool(threads).map(
+            upload, groups)
+        for group, group_ids in zip(groups, uploads, strict=True):
+            for i, id_ in zip(group, group_ids, strict=True):
+                ids[i] = id_
         return ids
+
+    def _pool(self, threads: int) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._upload_pool is None:
+                self._upload_pool = ThreadPoolExecutor(threads, thread_name_prefix="blob-put")
+            return self._upload_pool
 
     def put_array(self, array: np.ndarray) -> bytes:
         return self.put_parts(array_parts(array))
@@ -379,4 +391,6 @@ class BlobClient:
         return response.status == 200
 
     def close(self) -> None:
+        if self._upload_pool is not None:
+            self._upload_pool.shutdown(wait=True)
         self.connections.close()

@@ -155,3 +155,16 @@ def test_batch_with_forged_truncated_or_oversized_blobs(node):
     status, reply = post(b"", length=LIMIT_MB << 22)
     assert status == 413
     assert stored_files(node) == before  # nothing stored, no temp file left
+
+
+def test_batched_uploads_reuse_their_connections(node):
+    """put_arrays runs its requests on the client's own pool: repeated calls reuse the same
+    keep-alive connections instead of opening (and holding) new ones."""
+    client = BlobClient(f"{node.url}/blobs", LIMIT_MB << 20)
+    arrays = [np.full((600, 600), k, np.float32) for k in range(4)]  # 1.4 MB: one request each
+    for round_ in range(5):
+        shifted = [a + round_ for a in arrays]
+        assert client.put_arrays(shifted, threads=2) == [
+            hashlib.sha256(encode_array(a)).digest() for a in shifted]
+    assert len(client.connections._all) <= 2
+    client.close()
