@@ -6,9 +6,10 @@ overhead is most of the execution time. This loop keeps the program counter and 
 locals and works on the stack's list directly. The inline opcodes (stack, arithmetic,
 comparison, bitwise, jumps, memory words, call data) follow py-evm's semantics and charge the
 static gas of py-evm's own opcode table; SLOAD and SSTORE charge EIP-2929's warm/cold access
-and EIP-2200/3529's gas and refunds, with py-evm's state calls in py-evm's order; memory
-expansion and every other opcode are py-evm's functions, called with the gas and program
-counter written back first and read again after.
+and EIP-2200/3529's gas and refunds, with py-evm's state calls in py-evm's order; every other
+opcode is py-evm's function, called with the gas and program counter written back first and
+read again after. Memory expansion (inline and py-evm's opcodes alike) is py-evm's rule
+without its per-call argument checks and debug strings.
 
 Why errors need no more care: every VM error but ``Revert`` burns all the gas of the frame,
 and ``REVERT`` is py-evm's own, so the kind of error raised here never changes an outcome.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from eth._utils.numeric import ceil32
 from eth.abc import ComputationAPI, MessageAPI, StateAPI, TransactionContextAPI
 from eth.exceptions import (
     FullStack,
@@ -28,7 +30,7 @@ from eth.exceptions import (
     OutOfGas,
     WriteProtection,
 )
-from eth.vm.computation import NO_RESULT
+from eth.vm.computation import NO_RESULT, memory_gas_cost
 from eth.vm.forks.berlin.constants import COLD_SLOAD_COST, WARM_STORAGE_READ_COST
 from eth.vm.forks.london.storage import GAS_SCHEDULE_EIP3529
 from eth.vm.forks.prague.computation import PragueComputation
@@ -282,6 +284,22 @@ def execute_code(computation: ComputationAPI) -> None:
 
 class FastComputation(PragueComputation):
     """Prague's computation with ``execute_code`` as its opcode loop."""
+
+    def extend_memory(self, start_position: int, size: int) -> None:
+        """py-evm's memory expansion (same gas, same growth) without its argument checks
+        (the arguments are stack words, uint256 by construction) and its debug strings."""
+        if not size:
+            return
+        memory = self._memory
+        before_size, after_size = len(memory), ceil32(start_position + size)
+        if after_size > before_size:
+            fee = memory_gas_cost(after_size) - memory_gas_cost(before_size)
+            meter = self._gas_meter
+            if fee > meter.gas_remaining:
+                raise OutOfGas(f"Out of gas: expanding memory to {after_size} bytes needs "
+                               f"{fee}, remaining {meter.gas_remaining}")
+            meter.gas_remaining -= fee
+            memory.extend(start_position, size)
 
     @classmethod
     def apply_computation(

@@ -121,6 +121,16 @@ EDGE_RUNTIMES = {
     "huge_mstore": asm(1, 2**255, "MSTORE"),
     "huge_calldataload": asm(2**255, "CALLDATALOAD", 3, "SSTORE"),
     "memory_growth": asm(7, 0x1000, "MSTORE", 0x1000, "MLOAD", "MSIZE", "ADD", 4, "SSTORE"),
+    # expansion gas at growing, quadratic-cost sizes, inline and in py-evm's opcodes; zero-size
+    # accesses at huge offsets cost nothing; the gas left after each is returned
+    "memory_expansion": asm(0, 0, 2**200, "CALLDATACOPY", 0, 2**200, 2**201, "MCOPY",
+                            0, 2**255, "SHA3", "GAS", 0, "MSTORE",
+                            7, 0x10000, "MSTORE", "GAS", 32, "MSTORE",
+                            0x10000, "MLOAD", "GAS", 64, "MSTORE",
+                            9, 0x20005, "MSTORE8", "GAS", 96, "MSTORE",
+                            32, 0, 0x30001, "CALLDATACOPY", "GAS", 128, "MSTORE",
+                            64, 0, 0x40000, "MCOPY", 32, 0x50000, "SHA3", "GAS", 160, "MSTORE",
+                            "MSIZE", 192, "MSTORE", 224, 0, "RETURN"),
     "revert_with_data": asm(5, 5, "SSTORE", 0x1234, 0, "MSTORE", 32, 0, "REVERT"),
     "truncated_push": asm(9, 9, "SSTORE", bytes([opcode_values.PUSH3, 0xAB])),
     "return_nothing": asm(0, 0, "RETURN"),
