@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import eth.db.chain
 import eth.vm.base
-from eth.abc import BlockAPI, BlockHeaderAPI, ReceiptAPI
+from eth._utils.address import generate_contract_address
+from eth.abc import BlockAPI, BlockHeaderAPI, MessageAPI, ReceiptAPI, SignedTransactionAPI
 from eth.chains.base import Chain
+from eth.constants import CREATE_CONTRACT_ADDRESS
+from eth.vm.forks.cancun.constants import BLOB_TX_TYPE
 from eth.vm.forks.prague import PragueVM
 from eth.vm.forks.prague.blocks import PragueBlock
 from eth.vm.forks.prague.computation import PragueComputation
 from eth.vm.forks.prague.constants import DEPOSIT_REQUEST_TYPE
-from eth.vm.forks.prague.state import PragueState
+from eth.vm.forks.prague.state import PragueState, PragueTransactionExecutor
+from eth.vm.message import Message
 from eth_bloom import BloomFilter
 
 from chain.blobs import BlobStore
@@ -69,6 +73,31 @@ class PoUWVMBase(PragueVM):
         block.block_requests.append(DEPOSIT_REQUEST_TYPE)
 
 
+class PoUWTransactionExecutor(PragueTransactionExecutor):
+    """Prague's executor; its message set-up skips py-evm's debug line, which formats the
+    transaction, a hash of its data and the hex of the contract's whole code on every
+    transaction even with debug logging off (~35 us of a ~1.5 ms ``submitJob``)."""
+
+    def build_evm_message(self, transaction: SignedTransactionAPI) -> MessageAPI:
+        """Cancun's ``build_evm_message`` (Prague's overrides included) less that line."""
+        state, sender = self.vm_state, transaction.sender
+        gas_fee = transaction.gas * state.get_gas_price(transaction)
+        blob_fee = self.calc_data_fee(transaction) if transaction.type_id == BLOB_TX_TYPE else 0
+        state.delta_balance(sender, -1 * (gas_fee + blob_fee))
+        state.increment_nonce(sender)
+        if transaction.to == CREATE_CONTRACT_ADDRESS:
+            create_address = generate_contract_address(sender, state.get_nonce(sender) - 1)
+            data, code, delegation_address = b"", transaction.data, None
+        else:
+            create_address, data = None, transaction.data
+            code, delegation_address = self.get_code_at_address(transaction.to)
+        return Message(gas=transaction.gas - transaction.intrinsic_gas, to=transaction.to,
+                       sender=sender, value=transaction.value, data=data, code=code,
+                       create_address=create_address,
+                       refund=self.calc_message_refund(transaction),
+                       is_delegation=delegation_address is not None)
+
+
 def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
     """A Chain class whose VM verifies matmul results against this blob store. ``fast``: the
     opcode loop of ``chain.interpreter`` and storage tries updated once per block
@@ -82,6 +111,8 @@ def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
     state = type("PoUWState", (PragueState,), {
         "computation_class": computation,
         "account_db_class": BatchedAccountDB if fast else PragueState.account_db_class,
+        "transaction_executor_class": (PoUWTransactionExecutor if fast
+                                       else PragueState.transaction_executor_class),
     })
     vm = type("PoUWVM", (PoUWVMBase,), {"_state_class": state})
     return Chain.configure(
