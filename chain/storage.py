@@ -19,7 +19,16 @@ from eth.validation import validate_canonical_address, validate_uint64, validate
 from eth_typing import Address, Hash32
 from trie import HexaryTrie
 
-from chain.tries import trie_get, update_trie
+from chain.tries import encode_node, trie_get, update_trie
+
+
+def encode_account(account: Account) -> bytes:
+    """RLP of an ``Account`` (nonce, balance, storage root, code hash) without rlp's sedes
+    machinery: the same bytes as ``rlp.encode(account, sedes=Account)``."""
+    nonce, balance = account.nonce, account.balance
+    return encode_node([nonce.to_bytes((nonce.bit_length() + 7) // 8, "big"),
+                        balance.to_bytes((balance.bit_length() + 7) // 8, "big"),
+                        account.storage_root, account.code_hash])
 
 
 class BatchedStorageLookup(StorageLookup):
@@ -91,7 +100,8 @@ class BatchedAccountStorageDB(AccountStorageDB):
 class BatchedAccountDB(AccountDB):
     """py-evm's account database with batched storage tries; balance and nonce updates build
     the new ``Account`` directly (rlp's ``copy`` deep-copies the unchanged fields, a third of
-    the cost of a transaction's five balance and nonce updates)."""
+    the cost of a transaction's five balance and nonce updates), and accounts are encoded by
+    ``encode_account`` (rlp's serializer was the rest of it)."""
 
     def set_balance(self, address: Address, balance: int) -> None:
         validate_canonical_address(address, title="Storage Address")
@@ -106,6 +116,10 @@ class BatchedAccountDB(AccountDB):
         account = self._get_account(address)
         self._set_account(address, Account(nonce, account.balance, account.storage_root,
                                            account.code_hash))
+
+    def _set_account(self, address: Address, account: Account) -> None:
+        self._account_cache[address] = account
+        self._journaltrie[address] = encode_account(account)
 
     def _get_address_store(self, address: Address) -> AccountStorageDB:
         if address not in self._account_stores:

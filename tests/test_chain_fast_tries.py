@@ -10,10 +10,11 @@ import rlp
 from eth.constants import BLANK_ROOT_HASH
 from eth.db.account import AccountDB
 from eth.db.atomic import AtomicDB
+from eth.rlp.accounts import Account
 from eth_hash.auto import keccak
 from trie import HexaryTrie
 
-from chain.storage import BatchedAccountDB
+from chain.storage import BatchedAccountDB, encode_account
 from chain.tries import MissingNode, encode_node, trie_get, update_trie
 
 
@@ -43,6 +44,15 @@ def random_batch(rng: random.Random, present: dict, new_key, size: int) -> dict:
         else:
             changes[new_key()] = os.urandom(rng.choice([1, 5, 40]))
     return changes
+
+
+def test_encode_account_is_rlp():
+    rng = random.Random(4)
+    edges = [0, 1, 127, 128, 255, 256, 2**64 - 1, 2**255, 2**256 - 1]
+    for nonce in edges[:7]:
+        for balance in edges + [rng.getrandbits(rng.randrange(1, 257)) for _ in range(5)]:
+            account = Account(nonce, balance, os.urandom(32), os.urandom(32))
+            assert encode_account(account) == rlp.encode(account, sedes=Account)
 
 
 @pytest.mark.parametrize("key_kind", ["hashed", "short"])
