@@ -10,25 +10,9 @@ ratio, and the relative error against cuBLAS's float32 product (CUDA events, med
 import argparse
 import ctypes
 import functools
-import statistics
 
 import torch
-
-
-def time_ms(fn, reps: int, rounds: int = 7) -> float:
-    """Median over rounds of the mean time of `reps` back-to-back calls, by CUDA events."""
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / reps)
-    return statistics.median(samples)
+from matmul_cuda import time_ms  # bench/ is on sys.path when this runs as a script
 
 
 def variant_runner(lib: ctypes.CDLL, v: int, a, b, c):

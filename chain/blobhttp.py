@@ -263,15 +263,19 @@ class BlobClient:
 
         return self.connections.request(send)
 
-    def put_parts(self, parts: list) -> bytes:
-        """Upload a blob given as consecutive byte buffers; returns its id."""
+    def _size_and_id(self, parts: list) -> tuple[int, bytes]:
+        """A blob's size (within the limit, checked before anything is sent) and its id."""
         size = sum(memoryview(p).nbytes for p in parts)
         if size > self.max_bytes:
             raise BlobError(f"blob of {size} bytes exceeds the {self.max_bytes}-byte limit")
         digest = hashlib.sha256()
         for part in parts:
             digest.update(part)
-        id_ = digest.digest()
+        return size, digest.digest()
+
+    def put_parts(self, parts: list) -> bytes:
+        """Upload a blob given as consecutive byte buffers; returns its id."""
+        size, id_ = self._size_and_id(parts)
         if size >= ASK_FIRST_BYTES and self.has(id_):
             return id_  # a large blob the store already has is not sent again
         response = self._request("PUT", id_, [memoryview(p).cast("B") for p in parts])
@@ -289,13 +293,8 @@ class BlobClient:
         node commits them as a group (one directory fsync). Returns their ids."""
         frames, ids = [], []
         for parts in blobs:
-            size = sum(memoryview(p).nbytes for p in parts)
-            if size > self.max_bytes:
-                raise BlobError(f"blob of {size} bytes exceeds the {self.max_bytes}-byte limit")
-            digest = hashlib.sha256()
-            for part in parts:
-                digest.update(part)
-            ids.append(digest.digest())
+            size, id_ = self._size_and_id(parts)
+            ids.append(id_)
             frames += [FRAME_LENGTH.pack(size), *(memoryview(p).cast("B") for p in parts),
                        ids[-1]]
         # one buffer: small blobs as separate sends would each be a syscall and a segment
