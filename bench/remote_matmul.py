@@ -4,12 +4,18 @@ job stage by stage, and small jobs per second with batching. Starts its own devn
 node + worker processes) in a temporary directory.
 
     .venv/bin/python bench/remote_matmul.py [--sizes 256 1024 2048] [--workers 2]
+        [--parts latency overhead transaction small batched] [--timeline FILE]
+
+--timeline FILE has every process (client, chain node, workers) log monotonic timestamps
+along a job's path (chain/timeline.py) and prints the merged timeline of the last lone
+8x8 job of the overhead part.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import socket
 import tempfile
 import threading
@@ -18,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from chain import timeline
 from chain.blobs import encode_array
 from node.client import JobClient
 from node.devnet import Devnet
@@ -62,99 +69,149 @@ def raw_loopback_bytes_per_s(total: int = 256 << 20) -> float:
     return total / (time.perf_counter() - t0)
 
 
+PARTS = ["latency", "overhead", "transaction", "small", "batched"]
+
+
+def print_timeline(path: str, roles: dict[int, str]) -> None:
+    """The marks of the last job (from its last "job start" on), ms from that start."""
+    marks = timeline.read(path)
+    first = max(i for i, (_, _, label) in enumerate(marks) if label == "job start")
+    t0 = previous = marks[first][0]
+    print(f"  {'ms':>7} {'+ms':>6}  process  mark")
+    for ns, pid, label in marks[first:]:
+        print(f"  {(ns - t0) / 1e6:7.2f} {(ns - previous) / 1e6:6.2f}  "
+              f"{roles.get(pid, str(pid)):<8} {label}")
+        previous = ns
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--small-jobs", type=int, default=100)
     parser.add_argument("--block-time", type=float, default=0.5)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--timeline", help="log and print a lone job's timeline (a file)")
     args = parser.parse_args()
+    if args.timeline:
+        os.environ["NEEDLE_NET_TIMELINE"] = args.timeline  # the devnet's processes too
+        timeline.start(args.timeline)
     rng = np.random.default_rng(0)
     raw = raw_loopback_bytes_per_s()
     with tempfile.TemporaryDirectory() as tmp, Devnet(Path(tmp), block_time=args.block_time) as net:
         net.start(args.workers)
         client = JobClient(net.rpc_url, timeout=600)
-        market = client.market
         print(f"devnet: chain + {args.workers} workers on loopback, block time "
               f"{args.block_time}s; raw loopback TCP (reference) {raw / 1e9:.2f} GB/s")
 
-        print("\n== latency: local numpy matmul vs remote job (submit -> verified result)")
-        print(f"{'n':>6} {'local s':>9} {'remote s':>9} {'ratio':>8} {'upload GB/s':>12} "
-              f"{'download GB/s':>14} {'vs raw TCP':>11}")
-        for n in args.sizes:
-            a = rng.standard_normal((n, n)).astype(np.float32)
-            b = rng.standard_normal((n, n)).astype(np.float32)
-            local = best_of(lambda a=a, b=b: a @ b, 3)
-            remote = best_of(lambda a=a, b=b: client.matmul(a + np.float32(rng.random()), b), 2)
-            # fresh bytes each time (the store skips blobs it has); hashing on both ends counts
-            blobs = [encode_array(rng.standard_normal((n, n)).astype(np.float32))
-                     for _ in range(3)]
-            up = min(timed(market.blobs.put, data) for data in blobs)
-            ids = [hashlib.sha256(data).digest() for data in blobs]
-            down = min(timed(market.blobs.get, id_) for id_ in ids)
-            size = len(blobs[0])
-            print(f"{n:>6} {local:>9.4f} {remote:>9.3f} {remote / local:>8.1f} "
-                  f"{size / up / 1e9:>12.3f} {size / down / 1e9:>14.3f} "
-                  f"{size / down / raw:>11.2f}")
-
-        print("\n== fixed overhead per job, by stage (8x8 operands; mean of 10 jobs, ms)")
-        stages = ("uploaded", "submitted", "committed", "verified", "paid")
-        spans = []
-        for _ in range(10):
-            a = rng.standard_normal((8, 8)).astype(np.float32)
-            [job] = client.submit([(a, a)])
-            client.wait([job])
-            times = [job.times["start"], *(job.times[s] for s in stages)]
-            spans.append(np.diff(times) * 1000)
-        mean = np.mean(spans, axis=0)
-        labels = ("upload A, B", "submit tx (until its receipt)",
-                  "until claimed + committed", "until verified (finalize)",
-                  "fetch C + local check")
-        for label, ms in zip(labels, mean, strict=True):
-            print(f"  {label:<28} {ms:8.1f}")
-        print(f"  {'total':<28} {mean.sum():8.1f}")
-
-        print("\n== one lifecycle transaction, step by step (register, fixed gas; mean of 10, ms)")
-        chain = market.client
-        steps = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            raw = chain.sign(market.contract.functions.register(), value=10**18, gas=200_000)
-            t1 = time.perf_counter()
-            tx_hash = chain.w3.eth.send_raw_transaction(raw)
-            t2 = time.perf_counter()
-            chain.wait_for_receipt(tx_hash)
-            steps.append([t1 - t0, t2 - t1, time.perf_counter() - t2])
-        mean = np.mean(steps, axis=0) * 1000
-        for label, ms in zip(("build + sign", "send (admission)",
-                              "until receipt (seal, long poll, fetch)"), mean, strict=True):
-            print(f"  {label:<40} {ms:8.1f}")
-
-        print(f"\n== {args.small_jobs} small jobs (32x32) submitted in one transaction")
-        pairs = [(rng.standard_normal((32, 32)).astype(np.float32),
-                  rng.standard_normal((32, 32)).astype(np.float32))
-                 for _ in range(args.small_jobs)]
-        t0 = time.perf_counter()
-        jobs = []
-        for start in range(0, len(pairs), 256):
-            batch = client.submit(pairs[start:start + 256])
-            client.wait(batch)
-            jobs += batch
-        seconds = time.perf_counter() - t0
-        print(f"{args.small_jobs / seconds:.1f} jobs/s ({seconds:.2f}s); first / median / "
-              "last job to reach each stage, from the start (s):")
-        for stage in ("uploaded", "submitted", "committed", "verified", "paid"):
-            at = np.percentile([j.times[stage] - t0 for j in jobs], [0, 50, 100])
-            print(f"  {stage:<10} {at[0]:6.3f} {at[1]:6.3f} {at[2]:6.3f}")
-
-        print(f"\n== {args.small_jobs} small products (32x32) as one batched job")
-        a3 = np.stack([p[0] for p in pairs])
-        b3 = np.stack([p[1] for p in pairs])
-        seconds = best_of(lambda: client.matmul(a3 + np.float32(rng.random()), b3), 2)
-        local = best_of(lambda: np.matmul(a3, b3), 3)
-        print(f"{args.small_jobs / seconds:.1f} products/s ({seconds:.3f}s; local "
-              f"{local * 1000:.2f} ms, ratio {seconds / local:.0f})")
+        if "latency" in args.parts:
+            latency(client, rng, args.sizes, raw)
+        if "overhead" in args.parts:
+            overhead(client, rng)
+            if args.timeline:
+                roles = {os.getpid(): "client", net.chain.pid: "node",
+                         **{w.process.pid: f"worker{w.index}" for w in net.workers}}
+                print("\n== timeline of the last job (every process's marks)")
+                print_timeline(args.timeline, roles)
+        if "transaction" in args.parts:
+            transaction(client)
+        if "small" in args.parts:
+            small_jobs(client, rng, args.small_jobs)
+        if "batched" in args.parts:
+            batched(client, rng, args.small_jobs)
         client.close()
+
+
+def latency(client: JobClient, rng, sizes: list[int], raw: float) -> None:
+    market = client.market
+    print("\n== latency: local numpy matmul vs remote job (submit -> verified result)")
+    print(f"{'n':>6} {'local s':>9} {'remote s':>9} {'ratio':>8} {'upload GB/s':>12} "
+          f"{'download GB/s':>14} {'vs raw TCP':>11}")
+    for n in sizes:
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        local = best_of(lambda a=a, b=b: a @ b, 3)
+        remote = best_of(lambda a=a, b=b: client.matmul(a + np.float32(rng.random()), b), 2)
+        # fresh bytes each time (the store skips blobs it has); hashing on both ends counts
+        blobs = [encode_array(rng.standard_normal((n, n)).astype(np.float32))
+                 for _ in range(3)]
+        up = min(timed(market.blobs.put, data) for data in blobs)
+        ids = [hashlib.sha256(data).digest() for data in blobs]
+        down = min(timed(market.blobs.get, id_) for id_ in ids)
+        size = len(blobs[0])
+        print(f"{n:>6} {local:>9.4f} {remote:>9.3f} {remote / local:>8.1f} "
+              f"{size / up / 1e9:>12.3f} {size / down / 1e9:>14.3f} "
+              f"{size / down / raw:>11.2f}")
+
+
+def overhead(client: JobClient, rng) -> None:
+    print("\n== fixed overhead per job, by stage (8x8 operands; mean of 10 jobs, ms)")
+    stages = ("uploaded", "submitted", "committed", "verified", "paid")
+    spans = []
+    for _ in range(10):
+        a = rng.standard_normal((8, 8)).astype(np.float32)
+        [job] = client.submit([(a, a)])
+        client.wait([job])
+        times = [job.times["start"], *(job.times[s] for s in stages)]
+        spans.append(np.diff(times) * 1000)
+    mean = np.mean(spans, axis=0)
+    labels = ("upload A, B", "submit tx (until its receipt)",
+              "until claimed + committed", "until verified (finalize)",
+              "fetch C + local check")
+    for label, ms in zip(labels, mean, strict=True):
+        print(f"  {label:<28} {ms:8.1f}")
+    print(f"  {'total':<28} {mean.sum():8.1f}")
+
+
+def transaction(client: JobClient) -> None:
+    market = client.market
+    print("\n== one lifecycle transaction, step by step (register, fixed gas; mean of 10, ms)")
+    chain = market.client
+    steps = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        raw = chain.sign(market.contract.functions.register(), value=10**18, gas=200_000)
+        t1 = time.perf_counter()
+        tx_hash = chain.w3.eth.send_raw_transaction(raw)
+        t2 = time.perf_counter()
+        chain.wait_for_receipt(tx_hash)
+        steps.append([t1 - t0, t2 - t1, time.perf_counter() - t2])
+    mean = np.mean(steps, axis=0) * 1000
+    for label, ms in zip(("build + sign", "send (admission)",
+                          "until receipt (seal, long poll, fetch)"), mean, strict=True):
+        print(f"  {label:<40} {ms:8.1f}")
+
+
+def small_jobs(client: JobClient, rng, count: int) -> None:
+    print(f"\n== {count} small jobs (32x32) submitted in one transaction")
+    pairs = [(rng.standard_normal((32, 32)).astype(np.float32),
+              rng.standard_normal((32, 32)).astype(np.float32))
+             for _ in range(count)]
+    t0 = time.perf_counter()
+    jobs = []
+    for start in range(0, len(pairs), 256):
+        batch = client.submit(pairs[start:start + 256])
+        client.wait(batch)
+        jobs += batch
+    seconds = time.perf_counter() - t0
+    print(f"{count / seconds:.1f} jobs/s ({seconds:.2f}s); first / median / "
+          "last job to reach each stage, from the start (s):")
+    for stage in ("uploaded", "submitted", "committed", "verified", "paid"):
+        at = np.percentile([j.times[stage] - t0 for j in jobs], [0, 50, 100])
+        print(f"  {stage:<10} {at[0]:6.3f} {at[1]:6.3f} {at[2]:6.3f}")
+
+
+def batched(client: JobClient, rng, count: int) -> None:
+    print(f"\n== {count} small products (32x32) as one batched job")
+    pairs = [(rng.standard_normal((32, 32)).astype(np.float32),
+              rng.standard_normal((32, 32)).astype(np.float32))
+             for _ in range(count)]
+    a3 = np.stack([p[0] for p in pairs])
+    b3 = np.stack([p[1] for p in pairs])
+    seconds = best_of(lambda: client.matmul(a3 + np.float32(rng.random()), b3), 2)
+    local = best_of(lambda: np.matmul(a3, b3), 3)
+    print(f"{count / seconds:.1f} products/s ({seconds:.3f}s; local "
+          f"{local * 1000:.2f} ms, ratio {seconds / local:.0f})")
 
 
 if __name__ == "__main__":

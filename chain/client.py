@@ -15,6 +15,7 @@ from web3.exceptions import ContractLogicError, TransactionNotFound
 from chain.blobhttp import BlobClient
 from chain.blobs import decode_array, parse_id
 from chain.keepalive import Connections
+from chain.timeline import mark
 
 FEE_REFRESH_S = 2.0
 POLL_S = 0.05
@@ -95,7 +96,10 @@ class ChainClient:
             raise TransactionReverted(f"{fn_call.fn_name} would revert: {exc}") from exc
         with self._lock:
             tx["nonce"] = self._next_nonce()
-        return self.account.sign_transaction(tx).raw_transaction
+        mark(f"client built {fn_call.fn_name}")
+        raw = self.account.sign_transaction(tx).raw_transaction
+        mark(f"client signed {fn_call.fn_name}")
+        return raw
 
     def _max_fee(self) -> int:
         """Twice the node's gas price, asked at most every FEE_REFRESH_S: the base fee moves
@@ -130,6 +134,7 @@ class ChainClient:
 
         response = self.w3.provider.connections.request(send)
         body = response.read()
+        mark(f"client long poll returned {params}")
         if response.status == 404:
             self._has_long_poll = False
             return None
@@ -147,6 +152,7 @@ class ChainClient:
         while True:
             receipt = self._receipt(tx_hash)
             if receipt is not None:
+                mark("client receipt")
                 return receipt
             if time.monotonic() > end:
                 raise TimeoutError(f"transaction 0x{tx_hash.hex()} not mined after "
@@ -163,7 +169,9 @@ class ChainClient:
         """Sign and send a contract call without waiting for it; its hash."""
         raw = self.sign(fn_call, value=value, gas=gas)
         try:
-            return bytes(self.w3.eth.send_raw_transaction(raw))
+            tx_hash = bytes(self.w3.eth.send_raw_transaction(raw))
+            mark(f"client sent {fn_call.fn_name}")
+            return tx_hash
         except Exception:
             self._nonce = None  # resynchronise with the node on the next call
             self._fee = None

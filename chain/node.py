@@ -25,6 +25,7 @@ from chain.consensus import verified_work, work_seal
 from chain.db import SqliteDB
 from chain.genesis import genesis_params, genesis_state
 from chain.params import REWARD_POOL_ADDRESS
+from chain.timeline import mark
 from chain.vm import build_chain_class
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class Node:
                 raise TxRejected(f"insufficient funds: balance {balance} (with {committed} "
                                  f"committed to pending transactions) < cost {cost}")
             self.mempool.add(tx)
+            mark("node admitted")
             if self.config.seal_on_pending:
                 self._wake.notify()
         return tx.hash
@@ -297,9 +299,12 @@ class Node:
                     self._wake.wait(timeout)
                 if self._stop:
                     return
+            mark("node producer awake")
             self._gather()
+            mark("node gathered")
             try:
                 self.seal()
+                mark("node sealed")
             except Exception:
                 log.exception("sealing a block failed")
                 time.sleep(0.1)

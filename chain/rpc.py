@@ -22,6 +22,7 @@ from chain.blobhttp import BlobApp
 from chain.compile import compiled_market
 from chain.node import Node, TxRejected
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POOL_ADDRESS
+from chain.timeline import mark
 
 CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
 PRIORITY_FEE = 10**9
@@ -510,7 +511,10 @@ def create_app(node: Node) -> FastAPI:
             payload = json.loads(await request.body())
         except ValueError:
             return JSONResponse(Rpc._error(None, RpcError(-32700, "parse error: body is not JSON")))
+        method = payload.get("method") if isinstance(payload, dict) else "batch"
+        mark(f"rpc in {method}")
         reply = await run_in_threadpool(rpc.handle, payload)
+        mark(f"rpc out {method}")
         return JSONResponse(reply) if reply is not None else Response(status_code=204)
 
     app.add_api_route("/", json_rpc, methods=["POST"])
@@ -541,6 +545,7 @@ def create_app(node: Node) -> FastAPI:
         if tx is None:
             head = await anyio.to_thread.run_sync(node.wait_for_block, block, timeout,
                                                   limiter=waiters)
+            mark(f"rpc wait block {block} -> {head}")
             return {"head": head}
         try:
             tx_hash = bytes.fromhex(tx.removeprefix("0x"))
@@ -552,6 +557,7 @@ def create_app(node: Node) -> FastAPI:
                 node.new_head.wait_for(lambda: tx_hash not in node.mempool.by_hash, timeout)
 
         await anyio.to_thread.run_sync(left_mempool, limiter=waiters)
+        mark("rpc wait tx done")
         return {"head": node.head().block_number}
 
     waiters = anyio.CapacityLimiter(256)  # long polls do not take the JSON-RPC threads

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from eth_account import Account
 
+from chain.timeline import mark
 from node.market import (
     DEFAULT_MAX_BLOB_BYTES,
     UPLOAD_THREADS,
@@ -142,12 +143,14 @@ class JobClient:
             except ValueError as err:
                 raise RemoteJobError("validate", f"pair {i}: {err}") from err
         start = time.perf_counter()
+        mark("job start")
         try:
             flat = self.market.put_arrays([x for pair in pairs for x in pair])
             ids = list(zip(flat[0::2], flat[1::2], strict=True))
         except Exception as err:
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()
+        mark("job uploaded")
         precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
         rows = [(a_id, b_id, *shape, PRECISION_CODES[p], self.fee_wei)
                 for (a_id, b_id), shape, p in zip(ids, shapes, precisions, strict=True)]
@@ -176,6 +179,7 @@ class JobClient:
             head = self.market.block_number()
             while any(p.result is None for p in pending):
                 if head >= self._next_block:
+                    mark(f"job wait head {head}")
                     for event in self.market.logs(self._next_block, head):
                         p = by_id.get(event["args"].get("jobId"))
                         if p is not None and p.result is None:
@@ -252,6 +256,7 @@ class JobClient:
 
 
 def _enter(p: _Pending, stage: str) -> None:
+    mark(f"job {stage}")
     p.stage = stage
     p.times[stage] = time.perf_counter()
 

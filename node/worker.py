@@ -22,6 +22,7 @@ import numpy as np
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
+from chain.timeline import mark
 from node import compute
 from node.market import (
     CLAIM_GAS,
@@ -285,6 +286,7 @@ class Worker:
         self._head = head
         if head >= self._next_block:
             news = self.chain.new_jobs(self._next_block, head)
+            mark(f"worker logs {len(news.opened)} opened")
             self._peers.update(news.claimers)
             for job_id in news.taken:
                 self._candidates.pop(job_id, None)
@@ -423,7 +425,9 @@ class Worker:
                     self._set_stage(record, "error", f"{type(err).__name__}: {err}")
             if not ready:
                 return
+            mark("worker computed")
             c_ids = self._retry(self.chain.put_arrays, results)  # batched: one group commit
+            mark("worker uploaded")
             t0 = time.perf_counter()
             ids = [j.job_id for _, j in ready]
             commit = self._retry(self.chain.post_with_gas, commit_jobs_gas(len(ids)),
@@ -434,6 +438,7 @@ class Worker:
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in ready)
             early = self._retry(self.chain.post_with_gas, gas, "finalizeJobs", ids)
             receipt = self.chain.confirm(commit)
+            mark("worker commit receipt")
             self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t0)
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
@@ -482,6 +487,7 @@ class Worker:
         finalised are looked up on the chain."""
         t0 = time.perf_counter()
         verdicts = self.chain.verdicts_in(self.chain.confirm(early))
+        mark("worker finalize receipt")
         again = [(r, j) for r, j in committed if j.job_id not in verdicts]
         if again:
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in again)
