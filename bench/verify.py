@@ -86,10 +86,39 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     assert verify(Ai, Bi, Ci, precision="exact", seed=SEED).passed
     seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED), repeats, sync)
     rows.append(("verify exact int8->int32, 1 round", seconds, sgemm))
+    if xp is not np:
+        rows += exact_pieces(Ai, Bi, Ci, sgemm, repeats, sync)
     if n <= int_matmul_limit:
         int_matmul = best_time(lambda: Ai.astype(np.int64) @ Bi.astype(np.int64), 1, sync)
         rows.append(("  vs integer matmul of the same inputs", seconds, int_matmul))
     return rows
+
+
+def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, float, float]]:
+    """The GPU exact check's parts: vectors (SHAKE128 on the host, one copy to the device)
+    and the three kernel launches alone, timed by CUDA events."""
+    import cupy
+
+    from verifier import gpu_exact
+
+    n = B.shape[1]
+    vectors = best_time(lambda: gpu_exact.device_vectors(SEED, n, 1), repeats, sync)
+    words = gpu_exact.device_vectors(SEED, n, 1)
+    X, Z = cupy.empty((n, 1), np.uint64), cupy.empty((n, 1), np.uint64)
+    verdict = cupy.empty(2, np.int64)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    best = float("inf")
+    for _ in range(repeats):
+        start.record()
+        gpu_exact.residues(B, words, 1, n, 1, 128, None, X, verdict, init=True)
+        gpu_exact.residues(C, words, 1, n, 1, n * 2**14, n * 2**14, Z, verdict)
+        gpu_exact.residues(A, X, 1, 1, 1, 128, None, Z, verdict, compare=True)
+        end.record()
+        end.synchronize()
+        best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    assert int(verdict[0]) == 0
+    return [("  of which vectors (SHAKE128, copy)", vectors, sgemm),
+            ("  of which 3 kernels (CUDA events)", best, sgemm)]
 
 
 def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int, repeats: int) -> None:

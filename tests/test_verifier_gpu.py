@@ -137,3 +137,99 @@ def test_gpu_and_host_residuals_agree_within_rounding_noise():
     device_residual, device_tau = (cupy.asnumpy(x) for x in device)
     np.testing.assert_allclose(device_tau, host_tau, rtol=1e-5)
     assert np.abs(device_residual - host_residual).max() < 1e-2 * host_tau.min()
+
+
+def _mod_p_reference(M, V):
+    """(M @ V) mod p with Python's unbounded integers."""
+    from verifier import P
+
+    return np.array((M.astype(object) @ V.astype(object)) % P, dtype=np.uint64)
+
+
+@pytest.mark.parametrize("dtype, cols", [(np.int8, 4096), (np.int8, 1001), (np.uint8, 300),
+                                          (np.int16, 777), (np.uint16, 64), (np.int32, 4096),
+                                          (np.uint32, 513), (np.int64, 100)])
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_fused_residues_match_python_integers(dtype, cols, rounds):
+    """Both inner loops (dp4a on int8 words, int64 limb sums) at the dtype's extremes, with
+    raw 64-bit vector words whose top 3 bits the kernel must drop."""
+    from verifier import P, gpu_exact
+
+    rng = np.random.default_rng(cols)
+    info = np.iinfo(dtype)
+    low, high = (-(2**20), 2**20) if dtype == np.int64 else (info.min, info.max)
+    M = rng.integers(low, high, (37, cols), dtype=dtype, endpoint=True)
+    M[0], M[1] = low, high  # every entry at an extreme
+    words = rng.integers(0, 2**64, (rounds, cols), dtype=np.uint64, endpoint=False)
+    words[0, :5] = np.uint64(P - 1) | np.uint64(7 << 61)
+    bound = max(-int(low), int(high))
+    out = cupy.empty((37, rounds), np.uint64)
+    verdict = cupy.empty(2, np.int64)
+    gpu_exact.residues(cupy.asarray(M), cupy.asarray(words), 1, cols, rounds, bound, None, out,
+                       verdict)
+    expected = _mod_p_reference(M, (words & np.uint64(P)).T)
+    np.testing.assert_array_equal(cupy.asnumpy(out), expected)
+
+
+def test_fused_residues_at_the_longest_dp4a_row():
+    """int8 rows of 2^16 entries, all -128, against vectors of all ones: the int32 dp4a sums
+    reach their largest magnitude."""
+    from verifier import P, gpu_exact
+
+    cols = gpu_exact.MAX_BYTES_COLS
+    M = np.full((3, cols), -128, np.int8)
+    words = np.full((1, cols), P - 1, np.uint64)
+    out = cupy.empty((3, 1), np.uint64)
+    dM = cupy.asarray(M)
+    assert gpu_exact.bytes_path(dM)
+    gpu_exact.residues(dM, cupy.asarray(words), 1, cols, 1, 128, None, out,
+                       cupy.empty(2, np.int64))
+    np.testing.assert_array_equal(cupy.asnumpy(out), _mod_p_reference(M, words.T))
+
+
+def test_device_vectors_are_the_field_vectors():
+    from verifier import P, gpu_exact
+    from verifier.rng import field_vectors
+
+    for n, rounds in [(1, 1), (4096, 1), (333, 4)]:
+        words = cupy.asnumpy(gpu_exact.device_vectors(SEED, n, rounds)) & np.uint64(P)
+        np.testing.assert_array_equal(words.T, field_vectors(SEED, n, rounds).astype(np.uint64))
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 4, 5])
+def test_exact_gpu_verdicts_equal_the_host_verdicts(rounds):
+    """int8 operands and an int32 C (the fused kernels; 5 rounds the generic path): honest
+    passes, and wrong rows are counted and located as on the host."""
+    from verifier import gpu_exact
+
+    rng = np.random.default_rng(rounds)
+    A = rng.integers(-128, 128, (300, 512), dtype=np.int8)
+    B = rng.integers(-128, 128, (512, 260), dtype=np.int8)
+    C = (A.astype(np.int64) @ B).astype(np.int32)
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    bounds = (128, 2**31, 128)
+    assert gpu_exact.supported(dA, dB, dC, rounds, bounds) == (rounds <= gpu_exact.MAX_ROUNDS)
+    assert verify(dA, dB, dC, precision="exact", rounds=rounds, seed=SEED).passed
+    for row, col, delta in [(299, 259, 1), (17, 0, -1), (150, 3, 2**30)]:
+        C[row, col] += delta
+    dC = cupy.asarray(C)
+    on_gpu = verify(dA, dB, dC, precision="exact", rounds=rounds, seed=SEED)
+    on_host = verify(A, B, C, precision="exact", rounds=rounds, seed=SEED)
+    assert not on_gpu.passed and on_gpu == on_host
+    assert on_gpu.worst_excess == 3 and "first row 17" in on_gpu.reason
+
+
+def test_exact_gpu_rejects_entries_above_the_product_bound():
+    """An int32 C with an entry above k max|A| max|B| (equal to the product mod p) fails: the
+    kernel marks its row, whatever r is."""
+    rng = np.random.default_rng(7)
+    A = rng.integers(-128, 128, (64, 128), dtype=np.int8)
+    B = rng.integers(-128, 128, (128, 64), dtype=np.int8)
+    C = (A.astype(np.int64) @ B).astype(np.int32)
+    C[5, 6] = 128 * 128 * 128 + 1  # one past the bound
+    C[9, 1] = -(2**31)
+    for seed in (SEED, b"other"):
+        result = verify(cupy.asarray(A), cupy.asarray(B), cupy.asarray(C), precision="exact",
+                        seed=seed)
+        assert not result.passed and result.worst_excess == 2 and "first row 5" in result.reason
+        assert result == verify(A, B, C, precision="exact", seed=seed)  # host: differ mod p

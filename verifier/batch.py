@@ -6,7 +6,7 @@ from itertools import product as index_product
 
 import numpy as np
 
-from verifier import exact, floating
+from verifier import exact, floating, gpu_exact
 from verifier.arrays import as_array, module_of
 from verifier.result import VerifyResult
 from verifier.rng import P, as_seed, derive_seed, field_vectors, sign_vectors
@@ -143,10 +143,17 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
         return VerifyResult(False, float(too_large.sum()), rounds, bound,
                             f"C has an entry of magnitude {bound_c}, above k * max|A| * max|B| "
                             f"= {product_bound}: not the integer product of A and B")
-    R = xp.asarray(field_vectors(seed, n, rounds))
+    bounds, R, words = (bound_b, bound_c, bound_a), None, None
     mismatches, first = 0, None
     for index, a, b, c in _elements(xp, A, B, C, batch):
-        wrong, row = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c)
+        if xp is not np and gpu_exact.supported(a, b, c, rounds, bounds):
+            if words is None:
+                words = gpu_exact.device_vectors(seed, n, rounds)
+            wrong, row = gpu_exact.check(a, b, c, words, rounds, bounds, product_bound)
+        else:
+            if R is None:
+                R = xp.asarray(field_vectors(seed, n, rounds))
+            wrong, row = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c)
         if wrong and first is None:
             first = _where(index, row)
         mismatches += wrong

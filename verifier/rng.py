@@ -53,11 +53,15 @@ def sign_vectors(seed: bytes, n: int, rounds: int) -> np.ndarray:
     return signs.reshape(rounds, n).T.copy()
 
 
+def field_label(n: int, rounds: int) -> bytes:
+    return b"field:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
+
+
 def field_vectors(seed: bytes, n: int, rounds: int) -> np.ndarray:
     """(n, rounds) int64 matrix uniform in Z_p: each little-endian 8-byte word of the stream
     keeps its low 61 bits; the value p itself is rejected, so the accepted words are exactly
     uniform on [0, p). Entry (t % n, t // n) is the t-th accepted word."""
-    label = b"field:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
+    label = field_label(n, rounds)
     need, spare = n * rounds, 8
     while True:  # a rejection has probability 2^-61: the first request nearly always suffices
         words = np.frombuffer(stream(seed, label, 8 * (need + spare)), "<u8") & np.uint64(P)

@@ -1,0 +1,308 @@
+"""Exact mode on a GPU in three kernel launches and one 24-byte copy back: B R, C R and A (B R)
+are reduced mod p = 2^61 - 1 inside the kernels, straight from the int8/int32 data (no
+converted copy, no limb arrays), and the last launch compares A (B R) with C R and counts the
+rows that differ on the device.
+
+A row of M times a vector v with entries in [0, p) is summed in integers that cannot
+overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share of the row.
+* int8 rows of a length divisible by 4 ("bytes"): 8-bit limbs, four entries of M against four
+  limbs in one dp4a instruction, int32 sums (|sum| <= 32 * 4 * 128 * 255 per instruction per
+  lane: below 2^31 for rows up to 2^16 entries).
+* every other type ("wide"): limbs of w <= 31 bits and int64 sums, w the widest with
+  cols * bound * (2^w - 1) <= 2^63 - 1 (bound: the dtype's magnitude, or for C the product's
+  bound k max|A| max|B|, checked entry by entry in the kernel: a row holding a larger entry is
+  not the product and gets the residue p, which no true residue equals).
+Each lane turns its limb sums into one residue (sum_t (S_t mod p) 2^(w t), a shift being a
+61-bit rotation mod p) and the warp adds the 32 residues mod p.
+
+The vectors go to the device as the raw SHAKE128 words of rng.field_vectors; the kernels keep
+their low 61 bits. That is field_vectors itself unless a word's low 61 bits are all ones
+(rejected there, probability 2^-61 per word): such streams take the host derivation.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+from verifier.rng import P, field_label, field_vectors, stream
+
+WARPS = 8
+UNROLL = 4  # loads per row in flight per lane before they are used
+TILE_BYTES = 16 * 1024  # shared memory for the limbs of one tile of V
+MAX_ROUNDS = 4  # more rounds take the generic path (registers)
+MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
+WIDE_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
+C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
+           "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
+           "int64": "long long"}
+
+SOURCE = r"""
+typedef unsigned long long u64;
+#define PRIME 0x1FFFFFFFFFFFFFFFULL
+
+__device__ __forceinline__ u64 mod_p(long long x) {  // any int64 -> [0, p)
+    long long y = (x & (long long)PRIME) + (x >> 61);  // 2^61 = 1 mod p; y in [-4, p + 3]
+    if (y < 0) y += (long long)PRIME;
+    if (y >= (long long)PRIME) y -= (long long)PRIME;
+    return (u64)y;
+}
+__device__ __forceinline__ u64 add_mod(u64 a, u64 b) {
+    const u64 t = a + b;
+    return t >= PRIME ? t - PRIME : t;
+}
+__device__ __forceinline__ u64 rotate(u64 y, int s) {  // y 2^s mod p, y in [0, p), s in [0, 61)
+    return s == 0 ? y : (((y << s) & PRIME) | (y >> (61 - s)));
+}
+
+// out[i, q] = (M_i . V_q) mod p for the rows of M; V entry (j, q) at V[j * vj + q * vq], low
+// 61 bits kept. compare: instead of writing out, counts the rows where some q has a residue
+// != Z into verdict[0] and the smallest such row into verdict[1]. init: resets verdict.
+extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __restrict__ V,
+                                    long long vj, long long vq, u64* __restrict__ out,
+                                    const u64* __restrict__ Z, long long* __restrict__ verdict,
+                                    long long rows, long long cols, long long limit, int compare,
+                                    int init) {
+    __shared__ unsigned int tile[VX_K * VX_L * VX_TILE];
+    const int lane = threadIdx.x & 31;
+    const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long first = warp * VX_RPW;
+    if (init && blockIdx.x == 0 && threadIdx.x == 0) {
+        verdict[0] = 0;
+        verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
+    }
+#if VX_BYTES
+    int acc[VX_RPW][VX_K][VX_L];
+    const long long words = cols >> 2;  // 4 entries of M per 32-bit word
+    const int* Mw = (const int*)M;
+#else
+    long long acc[VX_RPW][VX_K][VX_L];
+    const long long words = cols;
+#endif
+#if !VX_BYTES && VX_CHECK
+    bool bad[VX_RPW];
+    #pragma unroll
+    for (int r = 0; r < VX_RPW; ++r) bad[r] = false;
+#endif
+    #pragma unroll
+    for (int r = 0; r < VX_RPW; ++r)
+        #pragma unroll
+        for (int q = 0; q < VX_K; ++q)
+            #pragma unroll
+            for (int l = 0; l < VX_L; ++l) acc[r][q][l] = 0;
+
+    for (long long j0 = 0; j0 < words; j0 += VX_TILE) {
+        const int width = (int)min((long long)VX_TILE, words - j0);
+        __syncthreads();
+        for (int t = threadIdx.x; t < VX_K * VX_TILE; t += blockDim.x) {
+            const int q = t / VX_TILE, jj = t - q * VX_TILE;
+#if VX_BYTES  // limb l of entries 4 jj .. 4 jj + 3, one byte each
+            unsigned int packed[VX_L];
+            #pragma unroll
+            for (int l = 0; l < VX_L; ++l) packed[l] = 0;
+            if (jj < width) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u64 v = V[(4 * (j0 + jj) + e) * vj + q * vq] & PRIME;
+                    #pragma unroll
+                    for (int l = 0; l < VX_L; ++l)
+                        packed[l] |= (unsigned int)((v >> (8 * l)) & 255) << (8 * e);
+                }
+            }
+            #pragma unroll
+            for (int l = 0; l < VX_L; ++l) tile[(q * VX_L + l) * VX_TILE + jj] = packed[l];
+#else  // limb l of entry jj, VX_W bits
+            const u64 v = jj < width ? V[(j0 + jj) * vj + q * vq] & PRIME : 0;
+            #pragma unroll
+            for (int l = 0; l < VX_L; ++l)
+                tile[(q * VX_L + l) * VX_TILE + jj] =
+                    (unsigned int)((v >> (VX_W * l)) & ((1ULL << VX_W) - 1));
+#endif
+        }
+        __syncthreads();
+        for (int j = lane; j < width; j += 32 * VX_UNROLL) {
+#if VX_BYTES
+            int m[VX_UNROLL][VX_RPW];
+#else
+            long long m[VX_UNROLL][VX_RPW];
+#endif
+            #pragma unroll
+            for (int u = 0; u < VX_UNROLL; ++u) {
+                const int jj = j + 32 * u;
+                #pragma unroll
+                for (int r = 0; r < VX_RPW; ++r) {
+#if VX_BYTES
+                    m[u][r] = jj < width && first + r < rows
+                              ? Mw[(first + r) * words + j0 + jj] : 0;
+#else
+                    m[u][r] = jj < width && first + r < rows
+                              ? (long long)M[(first + r) * words + j0 + jj] : 0;
+#endif
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < VX_UNROLL; ++u) {
+                const int jj = j + 32 * u;
+                if (jj < width) {
+#if !VX_BYTES && VX_CHECK
+                    #pragma unroll
+                    for (int r = 0; r < VX_RPW; ++r)
+                        bad[r] |= m[u][r] > limit || m[u][r] < -limit;
+#endif
+                    #pragma unroll
+                    for (int q = 0; q < VX_K; ++q) {
+                        #pragma unroll
+                        for (int l = 0; l < VX_L; ++l) {
+                            const unsigned int w = tile[(q * VX_L + l) * VX_TILE + jj];
+                            #pragma unroll
+                            for (int r = 0; r < VX_RPW; ++r) {
+#if VX_BYTES
+                                asm("dp4a.s32.u32 %0, %1, %2, %0;"
+                                    : "+r"(acc[r][q][l]) : "r"(m[u][r]), "r"(w));
+#else
+                                acc[r][q][l] += m[u][r] * (long long)w;
+#endif
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < VX_RPW; ++r) {
+#if !VX_BYTES && VX_CHECK
+        const bool row_bad = __any_sync(0xffffffffu, bad[r]);
+#else
+        const bool row_bad = false;
+#endif
+        bool differs = false;
+        #pragma unroll
+        for (int q = 0; q < VX_K; ++q) {
+            u64 residue = 0;
+            #pragma unroll
+            for (int l = 0; l < VX_L; ++l)
+                residue = add_mod(residue, rotate(mod_p((long long)acc[r][q][l]), VX_W * l));
+            #pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1)
+                residue = add_mod(residue, __shfl_xor_sync(0xffffffffu, residue, offset));
+            if (row_bad) residue = PRIME;  // no residue in [0, p) equals it
+            if (first + r < rows) {
+                if (compare) differs |= residue != Z[(first + r) * VX_K + q];
+                else if (lane == 0) out[(first + r) * VX_K + q] = residue;
+            }
+        }
+        if (differs && lane == 0) {
+            atomicAdd((unsigned long long*)&verdict[0], 1ULL);
+            atomicMin(&verdict[1], first + r);
+        }
+    }
+}
+"""
+
+
+def rows_per_warp(rows: int, accumulator_words: int) -> int:
+    """2 rows per warp keeps about 16 warps per SM busy at 4096 rows on 132 SMs, 4 beyond;
+    fewer where a row's accumulators (32-bit words) would crowd the registers."""
+    rpw = 4 if rows >= 16384 else 2
+    while rpw > 1 and rpw * accumulator_words > 64:
+        rpw //= 2
+    return rpw
+
+
+def bytes_path(M) -> bool:
+    """int8 rows read as 32-bit words of 4 entries, each against 4 limbs by one dp4a."""
+    cols = M.shape[1]
+    return (M.dtype == np.int8 and cols % 4 == 0 and cols <= MAX_BYTES_COLS
+            and M.data.ptr % 4 == 0)
+
+
+def wide_limb_width(bound: int, cols: int) -> int:
+    """The widest w <= 31 with cols * bound * (2^w - 1) <= 2^63 - 1 (0 if none)."""
+    return min(31, ((2**63 - 1) // (cols * max(bound, 1)) + 1).bit_length() - 1)
+
+
+def supported(A, B, C, rounds: int, bounds: tuple[int, int, int]) -> bool:
+    """Whether the fused kernels take this check: C-contiguous 2-D integer matrices of the
+    listed types, up to MAX_ROUNDS rounds, and limbs of at least 8 bits for every pass."""
+    if rounds > MAX_ROUNDS:
+        return False
+    for M, bound in zip((B, C, A), bounds, strict=True):
+        if M.ndim != 2 or not M.flags.c_contiguous or M.dtype.name not in WIDE_TYPES:
+            return False
+        if not bytes_path(M) and wide_limb_width(bound, M.shape[1]) < 8:
+            return False
+    return True
+
+
+def tile_words(rounds: int, limbs: int) -> int:
+    return max(32, TILE_BYTES // 4 // (rounds * limbs) // 32 * 32)
+
+
+@cache
+def _kernel(dtype: str, rounds: int, limbs: int, width: int, rpw: int, check: bool,
+            use_bytes: bool):
+    import cupy
+
+    options = (f"-DVX_T={C_TYPES[dtype]}", f"-DVX_K={rounds}", f"-DVX_L={limbs}",
+               f"-DVX_W={width}", f"-DVX_RPW={rpw}", f"-DVX_CHECK={int(check)}",
+               f"-DVX_BYTES={int(use_bytes)}", f"-DVX_TILE={tile_words(rounds, limbs)}",
+               f"-DVX_UNROLL={UNROLL}")
+    return cupy.RawKernel(SOURCE, "residues", options=options)
+
+
+def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None, out,
+             verdict, compare: bool = False, init: bool = False) -> None:
+    """One launch: out = (M V) mod p, or with compare the comparison of (M V) mod p with out
+    into verdict. limit: entries of M above it in magnitude mark their row (bound is then
+    limit)."""
+    import cupy
+
+    rows, cols = M.shape
+    if bytes_path(M):
+        use_bytes, limbs, width = True, 8, 8
+    else:
+        use_bytes, width = False, wide_limb_width(bound, cols)
+        limbs = -(-61 // width)
+    rpw = rows_per_warp(rows, rounds * limbs * (1 if use_bytes else 2))
+    kernel = _kernel(M.dtype.name, rounds, limbs, width, rpw, limit is not None, use_bytes)
+    blocks = -(-rows // (WARPS * rpw))
+    kernel((blocks,), (32 * WARPS,),
+           (M, V, cupy.int64(vj), cupy.int64(vq), out, out, verdict, cupy.int64(rows),
+            cupy.int64(cols), cupy.int64(limit or 0), cupy.int32(int(compare)),
+            cupy.int32(int(init))))
+
+
+def device_vectors(seed: bytes, n: int, rounds: int):
+    """(rounds, n) uint64 words on the device whose low 61 bits are field_vectors(seed, n,
+    rounds).T: the raw stream when no word is rejected (its low 61 bytes all ones needs 7
+    bytes 0xff in a row, which a bytes search finds at memchr speed), else the host's."""
+    import cupy
+
+    raw = stream(seed, field_label(n, rounds), 8 * n * rounds)
+    if b"\xff" * 7 in raw:  # some word might be p: derive exactly as field_vectors does
+        return cupy.asarray(field_vectors(seed, n, rounds).T.astype(np.uint64))
+    return cupy.asarray(np.frombuffer(raw, np.uint64).reshape(rounds, n))
+
+
+def check(A, B, C, words, rounds: int, bounds: tuple[int, int, int],
+          product_bound: int) -> tuple[int, int]:
+    """(rows where A (B R) != C R mod p or C holds an entry above product_bound, the first
+    such row) for 2-D device matrices that supported() accepts. words: device_vectors(seed,
+    n, rounds). bounds: max|B|, max|C|, max|A| as known from the dtypes or the data."""
+    import cupy
+
+    (m, k), n = A.shape, B.shape[1]
+    bound_b, bound_c, bound_a = bounds
+    X = cupy.empty((k, rounds), np.uint64)
+    Z = cupy.empty((m, rounds), np.uint64)
+    verdict = cupy.empty(2, np.int64)
+    residues(B, words, 1, n, rounds, bound_b, None, X, verdict, init=True)
+    limit = product_bound if product_bound < bound_c else None
+    residues(C, words, 1, n, rounds, min(bound_c, product_bound), limit, Z, verdict)
+    residues(A, X, rounds, 1, rounds, bound_a, None, Z, verdict, compare=True)
+    wrong, first = (int(x) for x in verdict.get())
+    return wrong, (first if wrong else 0)
+
+
+assert P == (1 << 61) - 1  # the kernel's PRIME
