@@ -44,7 +44,7 @@ def bench_shape(
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
     reference = (ta.double() @ tb.double()).cpu().numpy()
     flops = 2.0 * m * n * p
-    reps = max(1, int(2e11 // flops))
+    reps = max(3, int(1e12 // flops))
 
     rows = []
     for label, needle_fn, tf32 in (("fp32", cuda.matmul, False), ("tf32", cuda.matmul_tf32, True)):

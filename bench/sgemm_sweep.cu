@@ -1,6 +1,11 @@
-// Tile configurations of csrc/sgemm.cuh behind a C ABI, for bench/sgemm_sweep.py to time against
-// cuBLAS. Build: nvcc -O3 -arch=sm_90 -shared -Xcompiler -fPIC bench/sgemm_sweep.cu -o sweep.so
+// Tile configurations of csrc/sgemm.cuh (float32) and csrc/tf32_hopper.cuh (TF32, sm_90a) behind
+// a C ABI, for bench/sgemm_sweep.py to time against cuBLAS. Build:
+// nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -shared -Xcompiler -fPIC bench/sgemm_sweep.cu -o sweep.so
+#include <cstdio>
+#include <exception>
+
 #include "../csrc/sgemm.cuh"
+#include "../csrc/tf32_hopper.cuh"
 
 using namespace sgemm;
 
@@ -30,4 +35,38 @@ extern "C" const char* sweep_name(int v) { return kNames[v]; }
 extern "C" int sweep_run(int v, const float* A, const float* B, float* C, int M, int N, int K) {
   (K % 4 == 0 && N % 4 == 0 ? kVecLaunchers : kAnyLaunchers)[v](A, B, C, M, N, K);
   return static_cast<int>(cudaGetLastError());
+}
+
+// TF32 (tf32_hopper): BN, stages, persistent (the module's Large and Small first)
+#define TF32_VARIANTS(X)                   \
+  X(tf32_hopper::Config<256, 4, true>)     \
+  X(tf32_hopper::Config<128, 6, true>)     \
+  X(tf32_hopper::Config<256, 4, false>)    \
+  X(tf32_hopper::Config<128, 6, false>)    \
+  X(tf32_hopper::Config<256, 3, true>)     \
+  X(tf32_hopper::Config<128, 4, true>)
+
+static const char* kTf32Names[] = {TF32_VARIANTS(NAME)};
+#define TF32_LAUNCHER(...) tf32_hopper::gemm<__VA_ARGS__>,
+using Tf32Launcher = cudaError_t (*)(const float*, const float*, float*, int, int, int, int);
+static Tf32Launcher kTf32Launchers[] = {TF32_VARIANTS(TF32_LAUNCHER)};
+
+extern "C" int tf32_count() { return sizeof(kTf32Names) / sizeof(kTf32Names[0]); }
+extern "C" const char* tf32_name(int v) { return kTf32Names[v]; }
+// C = A B by TF32 variant v; `bt` (N * K floats) receives B^T unless `transposed` says it
+// already holds it (to time the product alone). K, N multiples of 4. Returns a CUDA error code,
+// or -1 after printing a host-side failure.
+extern "C" int tf32_run(int v, const float* A, const float* B, float* C, float* bt, int M, int N,
+                        int K, int transposed) {
+  try {
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaError_t err = transposed ? cudaSuccess : tf32_hopper::transpose(B, bt, K, N);
+    if (err == cudaSuccess) err = kTf32Launchers[v](A, bt, C, M, N, K, sms);
+    return static_cast<int>(err);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tf32 variant %d: %s\n", v, e.what());
+    return -1;
+  }
 }

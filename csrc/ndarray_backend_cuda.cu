@@ -16,7 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "sgemm.cuh"  // float32 SGEMM kernels (namespace sgemm)
+#include "sgemm.cuh"        // float32 SGEMM kernels (namespace sgemm)
+#include "tf32_hopper.cuh"  // TF32 wgmma GEMM for Hopper (namespace tf32_hopper)
 
 namespace py = pybind11;
 
@@ -710,229 +711,9 @@ void launch_variant(const float* A, const float* B, float* C, int M, int N, int 
   CHECK_LAUNCH("matmul_tf32");
 }
 
-// Hopper (sm_90a) path: warpgroup MMA (wgmma). TF32 wgmma reads its shared-memory operand
-// K-major, but B (K x N, row-major) is N-major, so each block computes a tile of C^T = B^T A^T:
-// B^T is the register operand, each thread loading its fragment straight from the row-major B
-// tile (the transpose costs nothing), and A^T is the shared-memory operand, for which A's
-// row-major tile is already K-major. A tiles are rows of 32 floats (128 bytes) in the 128-byte
-// swizzle wgmma expects (16-byte chunk j of row r stored at chunk j ^ (r % 8)); both operands
-// come in by cp.async in a STAGES-deep pipeline, and each warpgroup owns 64 columns of C. Blocks
-// run in groups of 8 block rows so that neighbouring blocks share panels of A and B in L2.
-// B's elements are rounded to TF32 (cvt.rna); the tensor cores read A's float32 bits from shared
-// memory and drop the low 13 (truncation): 2^-10 relative error at most, the bound the verifier's
-// tf32 class assumes.
+// Hopper (sm_90a) path: csrc/tf32_hopper.cuh (B transposed once into a scratch buffer, then a
+// warp-specialised TMA + wgmma kernel with both operands in shared memory).
 namespace hopper {
-
-template <int BM_, int WARPGROUPS, int STAGES_, int MIN_BLOCKS>
-struct Config {
-  static constexpr int BM = BM_, BN = 64 * WARPGROUPS, BK = 32, STAGES = STAGES_;
-  static constexpr int kMinBlocks = MIN_BLOCKS;
-  static constexpr int kThreads = 128 * WARPGROUPS;
-  static constexpr int kBLd = BN + 8;  // padded rows: conflict-free fragment loads
-  static constexpr int kAStage = BM * BK, kBStage = BK * kBLd;
-  // + 1024: the swizzled A tiles must start on a 1024-byte boundary
-  static constexpr size_t kSharedBytes = sizeof(float) * STAGES * (kAStage + kBStage) + 1024;
-  static_assert(BM == 128 || BM == 256, "wgmma tiles here are m64n128 or m64n256");
-  static_assert(BM * 8 % kThreads == 0 && BK * BN / 4 % kThreads == 0, "even cp.async split");
-};
-// Measured on an H200 at 4096^3 (bench/RESULTS.md): 256 x 128 tiles with 4 stages and
-// 128 x 128 tiles with 3 stages, two blocks per multiprocessor, ran at the same rate (about
-// 220 TFLOP/s); the smaller tile keeps more multiprocessors busy on smaller products.
-using Large = Config<256, 2, 4, 1>;
-using Small = Config<128, 2, 3, 2>;
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4],
-                                                 uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
-      "%60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_m64n256k8(float (&d)[128], const uint32_t (&a)[4],
-                                                 uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
-      "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "
-      "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, "
-      "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
-      "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, "
-      "%120, %121, %122, %123, %124, %125, %126, %127"
-      "}, {%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-        "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-  wgmma_m64n128k8(d, a, desc);
-}
-__device__ __forceinline__ void wgmma(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
-  wgmma_m64n256k8(d, a, desc);
-}
-
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// Shared-memory matrix descriptor: start address, leading byte offset 16 (unused with
-// swizzling), stride byte offset 1024 (8 rows of 128 bytes), 128-byte swizzle.
-__device__ __forceinline__ uint64_t descriptor(const float* tile) {
-  uint64_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
-  return ((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-// Pins an accumulator's value to this point: wgmma writes it asynchronously, after the
-// instruction that issued it, until a wait_group.
-__device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-#endif
-
-// K and N must be multiples of 4 (16-byte rows); M, N, K otherwise arbitrary.
-template <typename T>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
-    wgmma_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                 int M, int N, int K) {
-#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __trap();  // launch() uses this kernel only where the probe found sm_90a code
-#else
-  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, STAGES = T::STAGES;
-  constexpr int kThreads = T::kThreads, kBLd = T::kBLd;
-  extern __shared__ float smem_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  float* As = smem_raw + ((1024 - (raw & 1023)) & 1023) / 4;
-  float* Bs = As + STAGES * T::kAStage;
-
-  constexpr int kGroup = 8;
-  const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
-  const int group = blockIdx.x / (kGroup * grid_n), in_group = blockIdx.x % (kGroup * grid_n);
-  const int group_rows = min(grid_m - group * kGroup, kGroup);
-  const int block_m = (group * kGroup + in_group % group_rows) * BM;
-  const int block_n = (in_group / group_rows) * BN;
-
-  const int tid = threadIdx.x, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  const int n_local = (warp / 4) * 64 + (warp % 4) * 16 + g;  // this thread's B^T row
-
-  const int tiles = (K + BK - 1) / BK;
-  auto issue = [&](int tile) {
-    if (tile < tiles) {
-      const int k0 = tile * BK;
-      float* a_dst = As + (tile % STAGES) * T::kAStage;
-#pragma unroll
-      for (int i = 0; i < BM * 8 / kThreads; ++i) {
-        const int idx = tid + i * kThreads, r = idx / 8, j = idx % 8;
-        const bool valid = block_m + r < M && k0 + j * 4 < K;
-        const float* src = valid ? A + static_cast<size_t>(block_m + r) * K + k0 + j * 4 : A;
-        cp_async16(a_dst + r * BK + (j ^ (r & 7)) * 4, src, valid);
-      }
-      float* b_dst = Bs + (tile % STAGES) * T::kBStage;
-#pragma unroll
-      for (int i = 0; i < BK * BN / 4 / kThreads; ++i) {
-        const int idx = tid + i * kThreads, r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-        const bool valid = k0 + r < K && block_n + c < N;
-        const float* src = valid ? B + static_cast<size_t>(k0 + r) * N + block_n + c : B;
-        cp_async16(b_dst + r * kBLd + c, src, valid);
-      }
-    }
-    cp_async_commit();  // empty groups keep the wait count uniform
-  };
-
-  float acc[BM / 2];
-#pragma unroll
-  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
-
-  // Each slice's wgmmas are waited for before the next slice starts: ptxas serialises wgmmas
-  // whose register operands are written while earlier ones are in flight (warning C7513), which
-  // measured no faster. So at the top of slice `tile` every warpgroup is done with the stage of
-  // slice tile - 1, and the copies run STAGES - 1 slices ahead.
-  for (int s = 0; s < STAGES - 1; ++s) issue(s);
-  for (int tile = 0; tile < tiles; ++tile) {
-    cp_async_wait<STAGES - 2>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async -> wgmma reads
-    __syncthreads();
-    issue(tile + STAGES - 1);
-    const float* b_tile = Bs + (tile % STAGES) * T::kBStage;
-    uint32_t frag[BK / 8][4];
-#pragma unroll
-    for (int ks = 0; ks < BK / 8; ++ks) {
-      const float* row = b_tile + (ks * 8 + t) * kBLd + n_local;
-      frag[ks][0] = to_tf32(row[0]);
-      frag[ks][1] = to_tf32(row[8]);
-      frag[ks][2] = to_tf32(row[4 * kBLd]);
-      frag[ks][3] = to_tf32(row[4 * kBLd + 8]);
-    }
-    const uint64_t desc = descriptor(As + (tile % STAGES) * T::kAStage);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int ks = 0; ks < BK / 8; ++ks) wgmma(acc, frag[ks], desc + 2 * ks);  // +32 bytes
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-    for (int i = 0; i < BM / 2; ++i) keep(acc[i]);
-  }
-  cp_async_wait<0>();
-
-  // acc[4i + e] holds C^T rows n, n + 8 (e / 2) and columns m, m + 1 (e % 2) of chunk i.
-  const int n = block_n + n_local;
-#pragma unroll
-  for (int i = 0; i < BM / 8; ++i) {
-    const int m = block_m + 8 * i + 2 * t;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = m + e % 2, col = n + 8 * (e / 2);
-      if (row < M && col < N) C[static_cast<size_t>(row) * N + col] = acc[4 * i + e];
-    }
-  }
-#endif
-}
 
 __global__ void probe_kernel(int* has_sm90a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -961,19 +742,20 @@ bool available(int major, int minor) {
   return cached == 1;
 }
 
-template <typename T>
+using Large = tf32_hopper::Config<256, 4, true>;
+using Small = tf32_hopper::Config<128, 6, true>;
+
+// K and N multiples of 4. The 128 x 256 tiles where they fill every multiprocessor at least
+// once, else the 128 x 128 ones (twice the blocks).
 void launch(const float* A, const float* B, float* C, int M, int N, int K) {
-  static bool configured = false;
-  if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(T::kSharedBytes)));
-    configured = true;
-  }
-  const int64_t blocks = static_cast<int64_t>((M + T::BM - 1) / T::BM) * ((N + T::BN - 1) / T::BN);
-  if (blocks > INT32_MAX) throw py::value_error("matmul_tf32: too many tiles for one launch");
-  wgmma_kernel<T><<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes>>>(A, B, C, M, N,
-                                                                                    K);
-  CHECK_LAUNCH("matmul_tf32 (wgmma)");
+  CudaArray bt(static_cast<int64_t>(N) * K);  // from the pool: freed buffers come back
+  check(tf32_hopper::transpose(B, bt.ptr, K, N), "matmul_tf32 (transpose)");
+  const int sms = multiprocessor_count();
+  const int64_t large_tiles =
+      (static_cast<int64_t>(M) + Large::BM - 1) / Large::BM * ((N + Large::BN - 1) / Large::BN);
+  check(large_tiles >= sms ? tf32_hopper::gemm<Large>(A, bt.ptr, C, M, N, K, sms)
+                           : tf32_hopper::gemm<Small>(A, bt.ptr, C, M, N, K, sms),
+        "matmul_tf32 (wgmma)");
 }
 
 }  // namespace hopper
@@ -988,12 +770,7 @@ void launch(const float* A, const float* B, float* C, int M, int N, int K) {
   }
   if (major < 8) throw std::runtime_error("matmul_tf32 needs a GPU of compute capability 8.0+");
   if (K % 4 == 0 && N % 4 == 0 && hopper::available(major, minor)) {
-    using Large = hopper::Large;
-    const int64_t large_blocks =
-        (static_cast<int64_t>(M) + Large::BM - 1) / Large::BM * ((N + Large::BN - 1) / Large::BN);
-    large_blocks >= 2 * multiprocessor_count()  // two waves at least, else the smaller tile
-        ? hopper::launch<hopper::Large>(A, B, C, M, N, K)
-        : hopper::launch<hopper::Small>(A, B, C, M, N, K);
+    hopper::launch(A, B, C, M, N, K);
   } else if (K % 4 == 0 && N % 4 == 0) {
     launch_variant<true>(A, B, C, M, N, K);
   } else {

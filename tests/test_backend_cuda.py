@@ -279,8 +279,18 @@ def test_matmul_float32(rng, m, n, p):
     assert run_matmul(cuda.matmul, rng, m, n, p, operand_rounding=0.0) < 1e-5
 
 
+# On Hopper, rows of 16 bytes (n and p multiples of 4) take the TMA/wgmma kernel: B transposed
+# into scratch, a ring of K slices shared across each persistent block's tiles.
+TF32_SHAPES = MATMUL_SHAPES + [
+    (1, 4, 4),  # one element's row, K and N far below one box
+    (129, 2052, 260),  # more K slices than ring stages, partial last slice, ragged M and N
+    (2200, 40, 2100),  # 128 x 256 tiles, more than one per multiprocessor: the ring crosses tiles
+    (1100, 100, 2000),  # 128 x 128 tiles, more than one per multiprocessor
+]
+
+
 @gpu
-@pytest.mark.parametrize("m,n,p", MATMUL_SHAPES)
+@pytest.mark.parametrize("m,n,p", TF32_SHAPES)
 def test_matmul_tf32_is_tensor_core_precision(rng, m, n, p):
     # 2^-10: 10 mantissa bits, truncated (the Hopper kernel's shared-memory operand) or rounded
     err = run_matmul(cuda.matmul_tf32, rng, m, n, p, operand_rounding=2.0**-10)
