@@ -6,10 +6,16 @@ import threading
 import time
 from urllib.parse import urlencode
 
+import coincurve
 import httpx
 import numpy as np
+import rlp
+from eth_abi import encode as abi_encode
 from eth_account import Account
+from eth_utils import keccak
 from web3 import HTTPProvider, Web3
+from web3._utils.method_formatters import log_entry_formatter, receipt_formatter
+from web3.datastructures import AttributeDict
 from web3.exceptions import ContractLogicError, TransactionNotFound
 
 from chain.blobhttp import BlobClient
@@ -19,6 +25,27 @@ from chain.timeline import mark
 
 FEE_REFRESH_S = 2.0
 POLL_S = 0.05
+DYNAMIC_FEE_TX_TYPE = b"\x02"
+
+
+def sign_dynamic_fee(key: coincurve.PrivateKey, *, chain_id: int, nonce: int, max_fee: int,
+                     max_priority_fee: int, gas: int, to: bytes, value: int,
+                     data: bytes) -> bytes:
+    """A signed EIP-1559 transaction (no access list), raw: rlp and libsecp256k1 directly,
+    byte for byte what eth-account's sign_transaction gives (RFC 6979 nonces, low s) in
+    a tenth of its time."""
+    fields = [chain_id, nonce, max_priority_fee, max_fee, gas, to, value, data, []]
+    digest = keccak(DYNAMIC_FEE_TX_TYPE + rlp.encode(fields))
+    signature = key.sign_recoverable(digest, hasher=None)  # r (32) | s (32) | y parity
+    r, s = int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:64], "big")
+    return DYNAMIC_FEE_TX_TYPE + rlp.encode([*fields, signature[64], r, s])
+
+
+def call_data(fn_call) -> bytes:
+    """A contract call's ABI-encoded input (web3's encoding, without its per-call ABI
+    lookups)."""
+    return bytes.fromhex(fn_call.selector[2:]) + abi_encode(list(fn_call.argument_types),
+                                                            list(fn_call.arguments))
 
 
 class KeepAliveProvider(HTTPProvider):
@@ -60,6 +87,7 @@ class ChainClient:
             address=Web3.to_checksum_address(self.info["contract"]), abi=self.info["abi"]
         )
         self.account = Account.from_key(private_key) if private_key is not None else None
+        self._key = coincurve.PrivateKey(self.account.key) if self.account else None
         self.blobs = BlobClient(self.info.get("blob_url", f"{self.url}/blobs"),
                                 max_blob_bytes, timeout)
         self.timeout = timeout
@@ -80,24 +108,20 @@ class ChainClient:
         return nonce
 
     def sign(self, fn_call, value: int = 0, gas: int | None = None) -> bytes:
-        """Build and sign a contract call; returns the raw transaction bytes."""
-        tx = {
-            "from": self.account.address,
-            "value": value,
-            "chainId": self.chain_id,
-            "maxFeePerGas": self._max_fee(),
-            "maxPriorityFeePerGas": 0,
-        }
-        if gas is not None:
-            tx["gas"] = gas
-        try:
-            tx = fn_call.build_transaction(tx)
-        except ContractLogicError as exc:
-            raise TransactionReverted(f"{fn_call.fn_name} would revert: {exc}") from exc
+        """Build and sign a contract call; returns the raw transaction bytes. Without `gas`
+        the node estimates it (a call that would revert raises TransactionReverted)."""
+        mark(f"client sign {fn_call.fn_name}")
+        if gas is None:
+            try:
+                gas = fn_call.estimate_gas({"from": self.account.address, "value": value})
+            except ContractLogicError as exc:
+                raise TransactionReverted(f"{fn_call.fn_name} would revert: {exc}") from exc
+        data = call_data(fn_call)
         with self._lock:
-            tx["nonce"] = self._next_nonce()
-        mark(f"client built {fn_call.fn_name}")
-        raw = self.account.sign_transaction(tx).raw_transaction
+            nonce = self._next_nonce()
+        raw = sign_dynamic_fee(self._key, chain_id=self.chain_id, nonce=nonce,
+                               max_fee=self._max_fee(), max_priority_fee=0, gas=gas,
+                               to=bytes.fromhex(fn_call.address[2:]), value=value, data=data)
         mark(f"client signed {fn_call.fn_name}")
         return raw
 
@@ -112,17 +136,39 @@ class ChainClient:
     def wait_for_block(self, number: int, timeout: float) -> int:
         """Wait until block `number` is sealed or `timeout` seconds pass; returns the head.
         Uses the node's long poll (GET /wait) where it has one, else polls."""
-        head = self._long_poll({"block": number, "timeout": timeout})
-        if head is not None:
-            return head
+        answer = self._long_poll({"block": number, "timeout": timeout})
+        if answer is not None:
+            return answer["head"]
+        return self._poll_for_block(number, timeout)
+
+    def _poll_for_block(self, number: int, timeout: float) -> int:
         end = time.monotonic() + timeout
         while (head := self.w3.eth.block_number) < number and time.monotonic() < end:
             time.sleep(POLL_S)
         return head
 
-    def _long_poll(self, params: dict) -> int | None:
+    def wait_for_logs(self, number: int, timeout: float) -> tuple[int, list | None]:
+        """`wait_for_block`, then (head, the market's logs in blocks `number`..head as
+        web3's get_logs gives them), or (head, None) if block `number` did not come. The
+        node's long poll carries the logs; elsewhere they are asked for."""
+        answer = self._long_poll({"block": number, "timeout": timeout,
+                                  "logs": self.market.address})
+        if answer is None:
+            head = self._poll_for_block(number, timeout)
+        elif "logs" in answer:
+            return answer["head"], [_formatted(log_entry_formatter, log)
+                                    for log in answer["logs"]]
+        else:
+            head = answer["head"]
+        if head < number:
+            return head, None
+        return head, self.w3.eth.get_logs({"address": self.market.address,
+                                           "fromBlock": number, "toBlock": head})
+
+    def _long_poll(self, params: dict) -> dict | None:
         """GET /wait (on this thread's keep-alive connection; the wait is capped below the
-        socket timeout); None where the node has no long poll (another EVM node)."""
+        socket timeout): the node's answer, its gas price kept for signing; None where the
+        node has no long poll (another EVM node)."""
         if not self._has_long_poll:
             return None
         params = {**params, "timeout": min(params["timeout"], self.timeout / 2)}
@@ -134,21 +180,26 @@ class ChainClient:
 
         response = self.w3.provider.connections.request(send)
         body = response.read()
-        mark(f"client long poll returned {params}")
+        mark(f"client long poll returned {params.get('block', 'tx')}")
         if response.status == 404:
             self._has_long_poll = False
             return None
         if response.status != 200:
             raise ConnectionError(f"GET /wait answered HTTP {response.status}: {body[:200]!r}")
-        return int(json.loads(body)["head"])
+        answer = json.loads(body)
+        if "gas_price" in answer:
+            self._fee = (time.monotonic(), int(answer["gas_price"]) * 2)
+        return answer
 
     def wait_for_receipt(self, tx_hash: bytes):
-        """The receipt of a sent transaction: one long poll until it is mined, then block by
-        block (TimeoutError after self.timeout seconds)."""
+        """The receipt of a sent transaction: one long poll until it is mined (its answer
+        carries the receipt), then block by block (TimeoutError after self.timeout s)."""
         end = time.monotonic() + self.timeout
-        head = self._long_poll({"tx": "0x" + tx_hash.hex(), "timeout": self.timeout})
-        if head is None:
-            head = self.w3.eth.block_number
+        answer = self._long_poll({"tx": "0x" + tx_hash.hex(), "timeout": self.timeout})
+        if answer is not None and answer.get("receipt") is not None:
+            mark("client receipt")
+            return _formatted(receipt_formatter, answer["receipt"])
+        head = self.w3.eth.block_number if answer is None else answer["head"]
         while True:
             receipt = self._receipt(tx_hash)
             if receipt is not None:
@@ -229,6 +280,12 @@ class ChainClient:
         self.blobs.close()
         self.w3.provider.connections.close()
         self.http.close()
+
+
+def _formatted(formatter, value: dict) -> AttributeDict:
+    """A JSON-RPC result shaped as web3 returns it (its result formatter, then attribute
+    access), for results that came with a long poll's answer."""
+    return AttributeDict.recursive(formatter(value))
 
 
 JOB_FIELDS = (

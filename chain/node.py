@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 MAX_FUTURE_NONCES = 1024
 ADMISSION_POLL_S = 0.0005
+PRIORITY_FEE = 10**9  # the tip eth_gasPrice and eth_maxPriorityFeePerGas suggest
+RECENT_BLOCKS = 64  # sealed blocks kept with their receipts for the long polls
 
 
 @dataclass
@@ -113,6 +116,10 @@ class Node:
         self._head = self.chain.get_canonical_head()
         self.decoder = BatchDecoder() if config.decode_process else None
         self.new_head = threading.Condition()  # notified after every sealed block
+        # the latest sealed blocks with their receipts, by number: long polls answer from
+        # them without taking the lock (the next block may be sealing meanwhile)
+        self.recent: OrderedDict[int, tuple] = OrderedDict()
+        self.gas_price = self._gas_price(self._head)
         self._admitting = 0  # admissions in progress (read by the producer)
         self._admissions = threading.Lock()
 
@@ -148,6 +155,10 @@ class Node:
     def next_base_fee(self) -> int:
         with self.lock:
             return self._admission_view()[2]
+
+    def _gas_price(self, head) -> int:
+        """What eth_gasPrice answers on top of `head`: next base fee + the priority fee."""
+        return self.chain.create_header_from_parent(head).base_fee_per_gas + PRIORITY_FEE
 
     # --- admission -----------------------------------------------------------------------------
     def admit(self, raw: bytes) -> bytes:
@@ -267,9 +278,17 @@ class Node:
                 raise
             for tx in included:
                 self.mempool.remove(tx)
+        self._announce(sealed, receipts)
+        return sealed
+
+    def _announce(self, block, receipts: list) -> None:
+        """Keep a sealed block for the long polls and wake them."""
+        self.gas_price = self._gas_price(block.header)
+        self.recent[block.number] = (block, receipts)
+        while len(self.recent) > RECENT_BLOCKS:
+            self.recent.popitem(last=False)
         with self.new_head:
             self.new_head.notify_all()
-        return sealed
 
     def _gather(self) -> None:
         deadline = time.monotonic() + self.config.gather_s

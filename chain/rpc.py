@@ -20,12 +20,11 @@ from fastapi.responses import JSONResponse
 
 from chain.blobhttp import BlobApp
 from chain.compile import compiled_market
-from chain.node import Node, TxRejected
+from chain.node import PRIORITY_FEE, Node, TxRejected
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POOL_ADDRESS
 from chain.timeline import mark
 
 CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
-PRIORITY_FEE = 10**9
 REVERT_SELECTOR = bytes.fromhex("08c379a0")
 FILTER_TTL = 300.0
 
@@ -98,6 +97,20 @@ class BlockCache:
             block = self.node.chain.get_canonical_block_by_number(number)
             receipts = block.get_receipts(self.node.chain.chaindb)
             entry = (block, receipts, self._logs(block, receipts))
+            self.entries[number] = entry
+            if len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return entry
+
+    def sealed(self, number: int) -> tuple | None:
+        """Like ``get`` for a block among the node's recent ones (None otherwise), without
+        the node's lock: long polls answer while the next block is sealing."""
+        found = self.node.recent.get(number)
+        if found is None:
+            return None
+        entry = self.entries.get(number)
+        if entry is None or entry[0].hash != found[0].hash:
+            entry = (*found, self._logs(*found))
             self.entries[number] = entry
             if len(self.entries) > self.size:
                 self.entries.popitem(last=False)
@@ -416,9 +429,31 @@ class Rpc:
 
     def rpc_eth__getTransactionReceipt(self, tx_hash):
         found = self._locate(parse_data(tx_hash, "hash"))
-        if found is None:
+        return None if found is None else self._receipt_json(*found)
+
+    def recent_receipt(self, tx_hash: bytes) -> dict | None:
+        """The receipt of a transaction in one of the node's recent blocks (newest first),
+        without the node's lock; None if it is not there."""
+        for number in range(self.node.head().block_number, -1, -1):
+            entry = self.blocks.sealed(number)
+            if entry is None:
+                return None
+            for index, tx in enumerate(entry[0].transactions):
+                if tx.hash == tx_hash:
+                    return self._receipt_json(entry, index)
+        return None
+
+    def recent_logs(self, address: str, first: int, last: int) -> list[dict] | None:
+        """``eth_getLogs`` of one address over recent blocks, without the node's lock; None
+        if a block of the range is no longer (or not yet) among the recent ones."""
+        entries = [self.blocks.sealed(number) for number in range(first, last + 1)]
+        if None in entries:
             return None
-        (block, receipts, logs), index = found
+        address = address.lower()
+        return [log for entry in entries for log in entry[2] if log["address"].lower() == address]
+
+    def _receipt_json(self, entry: tuple, index: int) -> dict:
+        block, receipts, logs = entry
         tx, receipt = block.transactions[index], receipts[index]
         previous = receipts[index - 1].gas_used if index else 0
         tx_json = self._tx_json(tx, block, index)
@@ -537,28 +572,48 @@ def create_app(node: Node) -> FastAPI:
         }
 
     @app.get("/wait")
-    async def wait(block: int = 0, tx: str | None = None, timeout: float = 10.0) -> dict:
+    async def wait(block: int = 0, tx: str | None = None, timeout: float = 10.0,
+                   logs: str | None = None) -> Response:
         """Long poll: answers once block `block` is sealed, or once transaction `tx` left the
-        mempool (mined or dropped), or after `timeout` seconds (at most 60), with the head;
-        clients follow the chain without polling it."""
+        mempool (mined or dropped), or after `timeout` seconds (at most 60), with the head
+        and the gas price eth_gasPrice would give; with `logs=<address>` also that address's
+        logs in blocks `block`..head, and for `tx` its receipt (null if it is not mined), as
+        eth_getLogs and eth_getTransactionReceipt give them. So a client follows the chain
+        without polling it, and learns what it waited for without asking again."""
         timeout = min(max(timeout, 0.0), 60.0)
         if tx is None:
-            head = await anyio.to_thread.run_sync(node.wait_for_block, block, timeout,
-                                                  limiter=waiters)
-            mark(f"rpc wait block {block} -> {head}")
-            return {"head": head}
+            if logs is not None:
+                try:
+                    parse_address(logs, "logs")
+                except RpcError as exc:
+                    return JSONResponse({"error": exc.message}, status_code=400)
+
+            def sealed() -> dict:  # one thread hop: the event loop shares the GIL with sealing
+                head = node.wait_for_block(block, timeout)
+                answer = {"head": head, "gas_price": node.gas_price}
+                if logs is not None and head >= block:
+                    found = rpc.recent_logs(logs, block, head)
+                    if found is not None:  # else the client asks eth_getLogs
+                        answer["logs"] = found
+                mark(f"rpc wait block {block} -> {head}")
+                return answer
+
+            # JSONResponse: the answer is JSON already (FastAPI would walk it once more)
+            return JSONResponse(await anyio.to_thread.run_sync(sealed, limiter=waiters))
         try:
             tx_hash = bytes.fromhex(tx.removeprefix("0x"))
         except ValueError:
             return JSONResponse({"error": f"tx {tx!r} is not hex"}, status_code=400)
 
-        def left_mempool() -> None:
+        def mined() -> dict | None:
             with node.new_head:
                 node.new_head.wait_for(lambda: tx_hash not in node.mempool.by_hash, timeout)
+            return None if tx_hash in node.mempool.by_hash else rpc.recent_receipt(tx_hash)
 
-        await anyio.to_thread.run_sync(left_mempool, limiter=waiters)
+        receipt = await anyio.to_thread.run_sync(mined, limiter=waiters)
         mark("rpc wait tx done")
-        return {"head": node.head().block_number}
+        return JSONResponse({"head": node.head().block_number, "gas_price": node.gas_price,
+                             "receipt": receipt})
 
     waiters = anyio.CapacityLimiter(256)  # long polls do not take the JSON-RPC threads
     app.mount("/blobs", BlobApp(node.blobs))  # raw ASGI: bulk bytes skip FastAPI

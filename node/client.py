@@ -80,11 +80,15 @@ class _Pending:
     a: np.ndarray
     b: np.ndarray
     precision: str
+    submit_block: int
     stage: str = "submitted"
     times: dict[str, float] = field(default_factory=dict)  # perf_counter when each stage began
     deadline: int = 0
     commit_block: int = 0
     c_id: bytes = b""
+    # C fetched and checked as soon as it was committed (while the chain finalises it):
+    # (its id, C or the RemoteJobError its fetch or check raised)
+    early: tuple[bytes, np.ndarray | RemoteJobError] | None = None
     result: np.ndarray | None = None
 
 
@@ -120,9 +124,10 @@ class JobClient:
         self.local_check = local_check
         self.progress = progress
         self.poll_interval = poll_interval
-        self._next_block = 0
+        self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="fetch")
 
     def close(self) -> None:
+        self._pool.shutdown()
         self.market.close()
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -163,41 +168,41 @@ class JobClient:
         except Exception as err:
             raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
         job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
-        self._next_block = receipt["blockNumber"]
         now = time.perf_counter()
-        return [_Pending(job_id, a, b, p, times={"start": start, "uploaded": uploaded,
-                                                  "submitted": now})
+        return [_Pending(job_id, a, b, p, receipt["blockNumber"],
+                         times={"start": start, "uploaded": uploaded, "submitted": now})
                 for job_id, (a, b), p in zip(job_ids, pairs, precisions, strict=True)]
 
     def wait(self, pending: list[_Pending]) -> list[np.ndarray]:
-        """Follow the jobs (through the market's events, one query per poll) until every
-        result is verified, fetched and checked."""
+        """Follow the jobs block by block (the long poll brings each block's market events)
+        until every result is verified, fetched and checked. A result is fetched and
+        checked as soon as it is committed, while the chain finalises it; it is returned
+        only once the chain's verdict says verified."""
         deadline = time.time() + self.timeout
         display = _Progress(len(pending)) if self.progress else None
         by_id = {p.job_id: p for p in pending}
+        next_block = min((p.submit_block for p in pending), default=0) + 1
         try:
-            head = self.market.block_number()
             while any(p.result is None for p in pending):
-                if head >= self._next_block:
+                head, events = self.market.follow(next_block, self.poll_interval)
+                if events is not None:
                     mark(f"job wait head {head}")
-                    for event in self.market.logs(self._next_block, head):
+                    for event in events:
                         p = by_id.get(event["args"].get("jobId"))
                         if p is not None and p.result is None:
                             self._apply(p, event)
-                    self._next_block = head + 1
-                    self._fetch_verified(pending)
+                    next_block = head + 1
+                    self._fetch_committed(pending)
                 for p in pending:
                     if p.result is None:
                         self._nudge(p, head)
                 if display:
                     display.update(pending)
-                if time.time() > deadline:
+                if time.time() > deadline and any(p.result is None for p in pending):
                     stuck = next(p for p in pending if p.result is None)
                     raise RemoteJobError(
                         stuck.stage, f"timed out after {self.timeout:.0f}s; the job is still "
                         f"{stuck.stage} (no worker moved it on)", stuck.job_id)
-                if any(p.result is None for p in pending):
-                    head = self.market.wait_for_block(self._next_block, self.poll_interval)
         finally:
             if display:
                 display.close()
@@ -212,6 +217,7 @@ class JobClient:
             p.commit_block, p.c_id = event["blockNumber"], args["cId"]
             _enter(p, "committed")
         elif name == "JobReopened":
+            p.early = None
             _enter(p, "submitted")
         elif name == "JobCancelled":
             raise RemoteJobError("finalize", "the chain's verifier rejected the operands and "
@@ -219,13 +225,27 @@ class JobClient:
         elif name == "JobVerified":
             _enter(p, "verified")  # finalised with a pass: the fee went to the worker
 
-    def _fetch_verified(self, pending: list[_Pending]) -> None:
-        """Fetch and check the results of newly verified jobs, several at a time."""
-        verified = [p for p in pending if p.stage == "verified" and p.result is None]
-        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-            for p, c in zip(verified, pool.map(self._fetch, verified), strict=True):
-                p.result = c
+    def _fetch_committed(self, pending: list[_Pending]) -> None:
+        """Fetch and check the results committed since the last block (several at a time),
+        and hand out those the chain verified."""
+        todo = [p for p in pending if p.stage in ("committed", "verified") and p.result is None
+                and (p.early is None or p.early[0] != p.c_id)]
+        fetched = map(self._try_fetch, todo) if len(todo) < 2 else \
+            self._pool.map(self._try_fetch, todo)
+        for p, c in zip(todo, fetched, strict=True):
+            p.early = (p.c_id, c)
+        for p in pending:
+            if p.stage == "verified" and p.result is None:
+                if isinstance(p.early[1], RemoteJobError):
+                    raise p.early[1]
+                p.result = p.early[1]
                 _enter(p, "paid")
+
+    def _try_fetch(self, p: _Pending) -> np.ndarray | RemoteJobError:
+        try:
+            return self._fetch(p)
+        except RemoteJobError as err:  # raised only if the chain verifies this result
+            return err
 
     def _nudge(self, p: _Pending, head: int) -> None:
         """Keep a job moving when its worker does not."""

@@ -168,12 +168,20 @@ class Market:
         """Wait (long poll) until block `number` exists or `timeout` seconds pass; the head."""
         return self.client.wait_for_block(number, timeout)
 
-    def new_jobs(self, from_block: int, to_block: int) -> JobNews:
-        """What happened to jobs in [from_block, to_block], from one log query."""
+    def follow(self, number: int, timeout: float) -> tuple[int, list | None]:
+        """Wait (long poll) until block `number` exists or `timeout` seconds pass: (head,
+        every market event in blocks `number`..head, decoded, in chain order), or (head,
+        None) if block `number` did not come. The long poll's answer carries the logs."""
+        head, raw = self.client.wait_for_logs(number, timeout)
+        return head, None if raw is None else self._decoded(raw)
+
+    @staticmethod
+    def new_jobs(events: list) -> JobNews:
+        """What happened to jobs in a range of blocks, from its market events."""
         found: dict[int, Job | None] = {}
         taken: set[int] = set()
         claimers: dict[str, int] = {}
-        for event in self.logs(from_block, to_block):
+        for event in events:
             args = event["args"]
             if event["event"] in ("JobClaimed", "JobCancelled"):
                 found.pop(args["jobId"], None)
@@ -199,8 +207,10 @@ class Market:
 
     def logs(self, from_block: int, to_block: int) -> list:
         """Every market event in [from_block, to_block], decoded, in chain order."""
-        raw = self.w3.eth.get_logs({"address": self.contract.address, "fromBlock": from_block,
-                                    "toBlock": to_block})
+        return self._decoded(self.w3.eth.get_logs({
+            "address": self.contract.address, "fromBlock": from_block, "toBlock": to_block}))
+
+    def _decoded(self, raw: list) -> list:
         return [self._events_by_topic[bytes(log["topics"][0])].process_log(log) for log in raw
                 if log["topics"] and bytes(log["topics"][0]) in self._events_by_topic]
 

@@ -214,19 +214,19 @@ class Worker:
         try:
             self._retry(self._ensure_registered)
             self._resume()
-            head = None
+            head, events = None, None
             while not self._stop.is_set():
                 try:
-                    self._poll(self.chain.block_number() if head is None else head)
+                    self._poll(self.chain.block_number() if head is None else head, events)
                     wait = self.config.poll_interval
                     if self._next_turn is not None:
                         wait = min(wait, max(0.0, self._next_turn - time.monotonic()))
-                    head = self.chain.wait_for_block(self._next_block, wait)
+                    head, events = self.chain.follow(self._next_block, wait)
                 except Exception as err:  # noqa: BLE001 - the loop must survive a bad poll
                     if not is_transient(err):
                         log.exception("poll failed")
                     self.metrics.chain_errors.inc()
-                    head = None
+                    head, events = None, None
                     self._stop.wait(1.0)
         finally:
             log.info("stopping: finishing %d job(s) in flight", self.status()["in_flight"])
@@ -282,10 +282,14 @@ class Worker:
             start = "finalize" if job.status == JOB_COMMITTED else "compute"
             self._pool.submit(self._process, record, job, start)
 
-    def _poll(self, head: int) -> None:
+    def _poll(self, head: int, events: list | None = None) -> None:
+        """Take in blocks up to `head` (`events`: the market's events in the blocks not
+        seen yet, from the long poll; else asked for) and start work on new jobs."""
         self._head = head
         if head >= self._next_block:
-            news = self.chain.new_jobs(self._next_block, head)
+            if events is None:
+                events = self.chain.logs(self._next_block, head)
+            news = self.chain.new_jobs(events)
             mark(f"worker logs {len(news.opened)} opened")
             self._peers.update(news.claimers)
             for job_id in news.taken:

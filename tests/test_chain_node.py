@@ -465,6 +465,45 @@ def test_logs_and_filters_follow_new_jobs(clients, w3):
     assert w3.eth.uninstall_filter(flt.filter_id)
 
 
+def test_long_poll_answers_equal_receipts_logs_and_gas_price(node, clients, w3):
+    """GET /wait's receipt and logs are what eth_getTransactionReceipt and eth_getLogs
+    answer; the client's receipts and logs taken from them equal web3's own."""
+    def rpc(method, *params):
+        return httpx.post(node.url, json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                          "params": list(params)}).json()["result"]
+
+    submitter = clients[1]
+    _, _, a_id, b_id = float_job(submitter)
+    call = submitter.market.functions.submitJob(a_id, b_id, 1, 16, 8, 4, 1, 100)
+    tx_hash = submitter.post(call, value=10**16, gas=400_000)
+    answer = httpx.get(f"{node.url}/wait", params={"tx": "0x" + tx_hash.hex(),
+                                                   "timeout": 30}).json()
+    assert answer["receipt"] == rpc("eth_getTransactionReceipt", "0x" + tx_hash.hex())
+    assert answer["receipt"]["logs"] and answer["receipt"]["status"] == "0x1"
+    number = int(answer["receipt"]["blockNumber"], 16)
+    answer = httpx.get(f"{node.url}/wait", params={"block": number, "logs": MARKET,
+                                                   "timeout": 5}).json()
+    assert answer["logs"] == rpc("eth_getLogs", {"address": MARKET, "fromBlock": hex(number),
+                                                 "toBlock": hex(answer["head"])})
+    assert answer["logs"][0]["transactionHash"] == "0x" + tx_hash.hex()
+
+    assert submitter.wait_for_receipt(tx_hash) == w3.eth.get_transaction_receipt(tx_hash)
+    head, logs = submitter.wait_for_logs(number, 5)
+    assert logs == w3.eth.get_logs({"address": MARKET, "fromBlock": number, "toBlock": head})
+    for _ in range(20):  # the gas price of the head the answer names (empty blocks move it)
+        before = w3.eth.block_number
+        answer = httpx.get(f"{node.url}/wait", params={"block": before, "timeout": 5}).json()
+        price = w3.eth.gas_price
+        if before == answer["head"] == w3.eth.block_number:
+            assert answer["gas_price"] == price
+            break
+    else:
+        pytest.fail("the head moved during every attempt")
+
+    bad = httpx.get(f"{node.url}/wait", params={"block": 0, "logs": "0x12", "timeout": 0})
+    assert bad.status_code == 400 and "logs must be 20 bytes" in bad.json()["error"]
+
+
 # --- blob endpoints ------------------------------------------------------------------------
 def test_blob_endpoints_check_hash_size_and_format(node, clients):
     client = clients[1]

@@ -158,7 +158,7 @@ def test_wait_answers_when_a_block_or_transaction_is_sealed(node, clients):
     head = client.w3.eth.block_number
     # no transaction, no block (block time 0): the long poll times out with the same head
     assert httpx.get(f"{node.url}/wait", params={"block": head + 1, "timeout": 0.2}) \
-        .json() == {"head": head}
+        .json() == {"head": head, "gas_price": client.w3.eth.gas_price}
     raw = client.sign(client.market.functions.register(), value=ETHER, gas=200_000)
     sender = threading.Timer(0.2, client.w3.eth.send_raw_transaction, (raw,))
     sender.start()
