@@ -234,6 +234,7 @@ class JobClient:
             self._pool.map(self._try_fetch, todo)
         for p, c in zip(todo, fetched, strict=True):
             p.early = (p.c_id, c)
+            mark("job fetched and checked")
         for p in pending:
             if p.stage == "verified" and p.result is None:
                 if isinstance(p.early[1], RemoteJobError):

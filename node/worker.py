@@ -130,7 +130,6 @@ class Worker:
         self._next_block, self.jobs = self._load_state()
         self._api_server = None
         self._withdrawing = False
-        self._account_refreshed = 0.0
         self._min_stake = 0
 
     # -- persistence ------------------------------------------------------------------
@@ -213,6 +212,7 @@ class Worker:
         self._start_api()
         try:
             self._retry(self._ensure_registered)
+            threading.Thread(target=self._refresh_account, name="account", daemon=True).start()
             self._resume()
             head, events = None, None
             while not self._stop.is_set():
@@ -286,6 +286,7 @@ class Worker:
         """Take in blocks up to `head` (`events`: the market's events in the blocks not
         seen yet, from the long poll; else asked for) and start work on new jobs."""
         self._head = head
+        changed = False
         if head >= self._next_block:
             if events is None:
                 events = self.chain.logs(self._next_block, head)
@@ -298,13 +299,23 @@ class Worker:
             self._candidates.update(news.opened)
             self._seen.update(dict.fromkeys(news.opened, time.monotonic()))
             self._next_block = head + 1
+            changed = any(news)  # blocks without market events need no save: a rescan is free
         self._take_candidates()
-        self._save_state()
-        if time.time() - self._account_refreshed > ACCOUNT_REFRESH_SECONDS:
-            self._stake_wei = self.chain.stake_of(self.address)
-            self._balance_wei = self.chain.balance_of(self.address)
-            self.metrics.stake.set(self._stake_wei)
-            self._account_refreshed = time.time()
+        if changed:
+            self._save_state()
+
+    def _refresh_account(self) -> None:
+        """Stake and balance, every ACCOUNT_REFRESH_SECONDS on a thread of their own: the
+        node answers reads after the block it is sealing, and the job loop must not wait."""
+        while not self._stop.wait(ACCOUNT_REFRESH_SECONDS):
+            try:
+                self._stake_wei = self.chain.stake_of(self.address)
+                self._balance_wei = self.chain.balance_of(self.address)
+                self.metrics.stake.set(self._stake_wei)
+            except Exception as err:  # noqa: BLE001 - the next refresh tries again
+                if not is_transient(err):
+                    log.exception("account refresh failed")
+                self.metrics.chain_errors.inc()
 
     def _take_candidates(self) -> None:
         """Start work on acceptable open jobs: small ones as one batch, large ones claimed."""
@@ -475,8 +486,10 @@ class Worker:
     def _try_compute(self, job: Job) -> tuple[np.ndarray | None, Exception | None]:
         """Fetch A and B and compute C: (C, None), or (None, the error)."""
         try:
+            mark(f"worker fetching job {job.job_id}")
             a = self._retry(self.chain.get_array, job.a_id)
             b = self._retry(self.chain.get_array, job.b_id)
+            mark("worker fetched")
             c = compute.matmul(a, b, self.device)
             if self.config.corrupt_results:
                 c = compute.corrupt(c, self._rng)
