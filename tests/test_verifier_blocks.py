@@ -8,8 +8,10 @@ from verifier import arrays, exact, floating, verify
 from verifier.rng import sign_vectors
 
 
-def unblocked_products(xp, M, W, v, dtype):
+def unblocked_products(xp, M, W, v, dtype, over=None):
     """The reference: whole-matrix conversion, absolute value and products."""
+    if over is not None:
+        over[1][:] |= (np.abs(M.astype(np.float64)) > over[0]).any(axis=1)
     Mx = M.astype(dtype)
     return Mx @ W, (None if v is None else np.abs(Mx) @ v)
 
@@ -101,6 +103,8 @@ def test_exact_verdicts_equal_the_unblocked_check(monkeypatch, c_dtype, shape):
         wrong[1, n - 1] -= 7
     if c_dtype == np.int64:
         wrong[0, 0] += 1 << 40  # too large to be the product, still a mod-p mismatch row
+    elif m > 3:
+        wrong[3, 0] = k * 128 * 128 + 1  # above the product bound: a marked row
     monkeypatch.setattr(arrays, "BLOCK_BYTES", 2 * max(k, n) * 8)  # 2-row float64 blocks
     blocked = [verify(A, B, C, precision="exact", seed=b"b") for C in (honest, wrong)]
     _with_reference(monkeypatch)

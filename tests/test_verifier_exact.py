@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from verifier import P, verify, verify_many
-from verifier.exact import limb_width, matmul_mod_p
+from verifier.exact import SPLIT, digit_width, matmul_mod_p, signed_digits
 
 SEEDS = [bytes([i]) * 32 for i in range(5)]
 INPUT_TYPES = [np.int8, np.int16, np.int32, np.uint8, np.uint16]
@@ -38,30 +38,63 @@ def test_matmul_mod_p_matches_python_integers(dtype):
 
 @pytest.mark.parametrize("inner", [300, 16384])
 def test_matmul_mod_p_at_the_worst_case_magnitudes(inner):
-    """Every entry at the dtype's extreme and every limb all ones: partial sums reach the
-    limit that the limb width is chosen for (2^53 in float64, 2^62 in int64)."""
-    V = np.full((inner, 2), P - 1, dtype=np.int64)
-    V[:, 1] = (1 << 60) - 1
+    """Every entry at the dtype's extreme and vectors whose digits are all at -2^(w-1) or
+    at their largest: partial sums reach the limit that the digit width is chosen for
+    (2^53 in float64, 2^62 in int64)."""
     for dtype in (np.int8, np.int32, np.int64):
+        bound = max(-int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+        width = digit_width(min(bound, SPLIT // 2), inner, 1 << 53)
+        if width < 8:
+            width = digit_width(min(bound, SPLIT // 2), inner, 1 << 62)
+        limbs = -(-61 // width)
+        lowest = (1 << (width * (limbs - 1))) - sum(1 << (width * t + width - 1)
+                                                   for t in range(limbs - 1))
+        V = np.array([[P - 1, (1 << 60) - 1, lowest]] * inner, dtype=np.int64)
         for value in (np.iinfo(dtype).min, np.iinfo(dtype).max):
             M = np.full((3, inner), value, dtype=dtype)
-            bound = max(-int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
             assert np.array_equal(matmul_mod_p(np, M, V, bound), reference_mod_p(M, V))
 
 
+def test_signed_digits_rebuild_the_vector_within_their_bounds():
+    rng = np.random.default_rng(8)
+    V = rng.integers(0, P, (500, 3), dtype=np.int64)
+    V[:4, 0] = [0, 1, P - 1, (1 << 60)]
+    for width in (8, 10, 15, 16, 31, 35, 60):
+        digits = signed_digits(np, V, width)
+        assert digits.shape == (500, -(-61 // width), 3)
+        assert np.abs(digits).max() <= 2 ** (width - 1)
+        weights = np.array([1 << (width * t) for t in range(digits.shape[1])], dtype=object)
+        rebuilt = (digits.astype(object) * weights[:, None]).sum(axis=1)
+        assert np.array_equal(rebuilt.astype(np.int64), V)
+
+
 @pytest.mark.parametrize("limit", [1 << 53, 1 << 62])
-def test_limb_width_is_the_widest_that_stays_within_the_limit(limit):
-    """inner * bound * (2^w - 1) <= limit < inner * bound * (2^(w+1) - 1), checked with
-    Python integers, powers of two (where bit lengths waste a bit) included."""
-    for bound in (1, 127, 128, 255, 1 << 15, (1 << 31) - 1, 1 << 31, (1 << 32) - 1):
+def test_digit_width_is_the_widest_that_stays_within_the_limit(limit):
+    """inner * bound * 2^(w-1) <= limit < inner * bound * 2^w, checked with Python
+    integers, powers of two included."""
+    for bound in (1, 127, 128, 255, 1 << 15, 1 << 26, (1 << 31) - 1, 1 << 31):
         for inner in (1, 3, 4096, 4097, 1 << 20, 1 << 28):
-            width = limb_width(bound, inner, limit)
-            if inner * bound > limit:
+            width = digit_width(bound, inner, limit)
+            if inner * bound > limit or width == 60:
                 continue
-            assert inner * bound * ((1 << width) - 1) <= limit
-            assert inner * bound * ((1 << (width + 1)) - 1) > limit
-    assert limb_width(128, 4096, 1 << 53) == 34  # int8 operands, k = 4096: 2 limbs
-    assert limb_width(1 << 31, 4096, 1 << 53) == 10  # int32 C: 7 limbs (bit lengths: 8)
+            assert inner * bound * (1 << (width - 1)) <= limit
+            assert inner * bound * (1 << width) > limit
+    assert digit_width(128, 4096, 1 << 53) == 35  # int8 operands, k = 4096: 2 digits
+    assert digit_width(1 << 26, 4096, 1 << 53) == 16  # C checked against k 128^2: 4 digits
+    assert digit_width((1 << 31) - 1, 4096, 1 << 53) == 11  # int32 C trusted: 6 digits
+
+
+def test_matmul_mod_p_marks_rows_above_the_limit():
+    """Rows with an entry past the limit get p; the other rows stay exact, also next to a
+    row whose float64 sums overflow int64."""
+    rng = np.random.default_rng(9)
+    M = rng.integers(-(1 << 26), 1 << 26, (40, 4096), dtype=np.int64)
+    M[3, 5], M[17, 0], M[39, 4095] = (1 << 26) + 1, -(1 << 62), 1 << 26
+    V = rng.integers(0, P, (4096, 2), dtype=np.int64)
+    got = matmul_mod_p(np, M, V, np.iinfo(np.int64).max, limit=1 << 26)
+    want = reference_mod_p(M, V)
+    want[[3, 17]] = P
+    assert np.array_equal(got, want)
 
 
 def honest(A, B):
@@ -178,3 +211,16 @@ def test_exact_mode_rejects_floats_and_oversized_operands():
     big = np.full((2, 2), 2**31 - 1, np.int32)
     with pytest.raises(ValueError, match="k \\* max\\|A\\| \\* max\\|B\\|"):
         verify(big, big, np.zeros((2, 2), np.int64), precision="exact")
+
+
+def test_int32_entries_above_the_product_bound_fail_on_the_host():
+    """k max|A| max|B| + 1 and int32's minimum: both rows counted, whatever r is."""
+    rng = np.random.default_rng(10)
+    A = integers(rng, (64, 128), np.int8)
+    B = integers(rng, (128, 64), np.int8)
+    C = honest(A, B).astype(np.int32)
+    C[5, 6] = 128 * 128 * 128 + 1
+    C[9, 1] = np.iinfo(np.int32).min
+    for seed in SEEDS:
+        result = verify(A, B, C, precision="exact", seed=seed)
+        assert not result.passed and result.worst_excess == 2 and "first row 5" in result.reason

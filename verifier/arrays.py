@@ -24,15 +24,19 @@ def module_of(*arrays) -> ModuleType:
 
 def as_array(xp: ModuleType, x, name: str):
     """The input itself when it already is an array of xp (never a copy)."""
+    if isinstance(x, xp.ndarray):
+        return x
     try:
         return xp.asarray(x)
     except Exception as err:
         raise TypeError(f"{name} is not an array: {err}") from err
 
 
-def products(xp: ModuleType, M, W, v, dtype):
+def products(xp: ModuleType, M, W, v, dtype, over: tuple[int, np.ndarray] | None = None):
     """(M @ W, |M| @ v) evaluated in dtype, reading M once; v may be None. M may carry
-    leading batch dimensions (then W and v may too).
+    leading batch dimensions (then W and v may too). over = (limit, flags), host matrices
+    only: flags[i] is set for each row i of M holding an entry of magnitude above limit,
+    found on the block while it is in cache (the product of such a row may be inexact).
 
     On the host M is taken in row blocks of BLOCK_BYTES in dtype, small enough to stay in
     cache, so M is read from memory once and the absolute value and any conversion to dtype
@@ -57,6 +61,8 @@ def products(xp: ModuleType, M, W, v, dtype):
     for i in range(0, rows, step):
         end = min(i + step, rows)
         blk, out = M[i:end], buf[: end - i]
+        if over is not None and (blk.max() > over[0] or blk.min() < -over[0]):
+            over[1][i:end] |= ((blk > over[0]) | (blk < -over[0])).any(axis=1)
         if blk.dtype != dtype:
             np.copyto(out, blk, casting="unsafe")  # callers keep values exact in dtype
             blk = out

@@ -71,7 +71,7 @@ def _shapes(A, B, C) -> tuple[tuple[int, ...], int, int, int]:
     if k != k_b:
         raise ValueError(f"inner dimensions differ: A is {A.shape}, B is {B.shape}")
     try:
-        batch = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+        batch = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) if A.ndim + B.ndim > 4 else ()
     except ValueError:
         raise ValueError(f"batch dimensions of A {A.shape} and B {B.shape} do not broadcast"
                          ) from None
@@ -86,6 +86,9 @@ def _shapes(A, B, C) -> tuple[tuple[int, ...], int, int, int]:
 
 def _elements(xp, A, B, C, batch):
     """(index, A_i, B_i, C_i) for every batch index, as views (no copies)."""
+    if not batch:  # one product: no views (each costs microseconds for device arrays)
+        yield (), A, B, C
+        return
     A = xp.broadcast_to(A, (*batch, *A.shape[-2:]))
     B = xp.broadcast_to(B, (*batch, *B.shape[-2:]))
     for index in index_product(*(range(d) for d in batch)):
@@ -153,7 +156,8 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
         else:
             if R is None:
                 R = xp.asarray(field_vectors(seed, n, rounds))
-            wrong, row = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c)
+            wrong, row = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c,
+                                     product_bound)
         if wrong and first is None:
             first = _where(index, row)
         mismatches += wrong

@@ -48,41 +48,70 @@ def add_mod(xp: ModuleType, a, b):
     return xp.where(total >= P, total - P, total)
 
 
-def limb_width(bound: int, inner: int, limit: int) -> int:
-    """The widest w with inner * bound * (2^w - 1) <= limit: every partial sum of a matrix
-    row (|entries| <= bound) times a w-bit limb vector is then an integer of magnitude at
-    most limit (2^53: exact in float64 in any order; 2^62: no int64 overflow)."""
-    return (limit // (inner * max(bound, 1)) + 1).bit_length() - 1
+def digit_width(bound: int, inner: int, limit: int) -> int:
+    """The widest w <= 60 with inner * bound * 2^(w-1) <= limit: every partial sum of a
+    matrix row (|entries| <= bound) times a vector of signed w-bit digits (magnitude at most
+    2^(w-1)) is then an integer of magnitude at most limit (2^53: exact in float64 in any
+    order; 2^62: no int64 overflow)."""
+    return min(60, (limit // (inner * max(bound, 1))).bit_length())
 
 
-def matmul_mod_p(xp: ModuleType, M, V, bound: int):
+def signed_digits(xp: ModuleType, V, width: int):
+    """(inner, limbs, cols) digits d_t of V in [0, p) (int64), V = sum_t d_t 2^(width t),
+    every |d_t| <= 2^(width-1): the unsigned digits of V + H, H = sum_{t < limbs-1}
+    2^(width-1) 2^(width t), less 2^(width-1) each but the top one (which stays at most
+    2^(61 - width (limbs-1)) <= 2^(width-1), as width * limbs >= 62 for width <= 60)."""
+    limbs = -(-61 // width)
+    half = 1 << (width - 1)
+    offset = sum(half << (width * t) for t in range(limbs - 1))  # V + offset < 2^62
+    shifts = xp.arange(limbs, dtype=np.int64)[:, None] * width
+    centre = xp.asarray([half] * (limbs - 1) + [0], dtype=np.int64)[:, None]
+    return (((V + offset)[:, None, :] >> shifts) & ((1 << width) - 1)) - centre
+
+
+def matmul_mod_p(xp: ModuleType, M, V, bound: int, limit: int | None = None):
     """(M @ V) mod p in [0, p), exactly, for an integer matrix M with |M| <= bound and
-    V in [0, p) (int64)."""
+    V in [0, p) (int64). limit (host only): a bound that M's entries are checked against
+    instead of trusted; rows holding a larger entry get the value p, which no residue
+    equals (a C with such an entry is not the product)."""
+    flags = None
+    if limit is not None:
+        bound, flags = limit, np.zeros(M.shape[0], bool)
     if bound >= SPLIT:
         M64 = M.astype(np.int64, copy=False)
         high = matmul_mod_p(xp, M64 >> 32, V, SPLIT // 2)
         low = matmul_mod_p(xp, M64 & (SPLIT - 1), V, SPLIT - 1)
         return add_mod(xp, rotate(high, 32), low)
     inner, cols = V.shape
-    width, dtype = limb_width(bound, inner, 1 << 53), np.float64
+    width, dtype = digit_width(bound, inner, 1 << 53), np.float64
     if width < 8:  # huge entries or inner dimensions: int64 (numpy's own loops) instead
-        width, dtype = limb_width(bound, inner, 1 << 62), np.int64
-    limbs = -(-61 // width)
-    shifts = xp.arange(limbs, dtype=np.int64)[:, None] * width  # limb t: bits from w t on
-    pieces = (V[:, None, :] >> shifts) & ((1 << width) - 1)  # (inner, limbs, cols)
-    sums, _ = products(xp, M, pieces.reshape(inner, limbs * cols).astype(dtype), None, dtype)
-    residues = sums.astype(np.int64).reshape(-1, limbs, cols) % P
-    terms = rotate(residues, shifts % 61)  # (M v_t) 2^(w t) mod p, each in [0, p)
+        width, dtype = digit_width(bound, inner, 1 << 62), np.int64
+    pieces = signed_digits(xp, V, width)  # (inner, limbs, cols)
+    limbs = pieces.shape[1]
+    over = None if flags is None else (limit, flags)
+    sums, _ = products(xp, M, pieces.reshape(inner, limbs * cols).astype(dtype), None, dtype,
+                       over)
+    with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
+        residues = sums.astype(np.int64).reshape(-1, limbs, cols) % P
+    shifts = xp.arange(limbs, dtype=np.int64)[:, None] * width
+    terms = rotate(residues, shifts)  # (M d_t) 2^(w t) mod p, each in [0, p); w t < 61
     high = (terms >> 32).sum(axis=1)  # at most 31 terms: both sums stay below p
     low = (terms & (SPLIT - 1)).sum(axis=1)
-    return add_mod(xp, rotate(high, 32), low)
+    result = add_mod(xp, rotate(high, 32), low)
+    if flags is not None:
+        result[flags] = P
+    return result
 
 
-def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int,
-          bound_c: int) -> tuple[int, int]:
-    """(number of rows of C where C R != A (B R) mod p for some column of R, the first)."""
+def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int, bound_c: int,
+          product_bound: int) -> tuple[int, int]:
+    """(number of rows of C where C R != A (B R) mod p for some column of R or C holds an
+    entry above product_bound, the first). On the host C's entries are checked against
+    product_bound when it is below bound_c (fewer digits: 4 rather than 6 for an int32 C
+    of int8 operands at k = n = 4096)."""
     X = matmul_mod_p(xp, B, R, bound_b)
     Y = matmul_mod_p(xp, A, X, bound_a)
-    Z = matmul_mod_p(xp, C, R, bound_c)
+    limit = product_bound if xp is np and product_bound < bound_c else None
+    Z = matmul_mod_p(xp, C, R, bound_c, limit)
     wrong = (Y != Z).any(axis=1)
     return int(wrong.sum()), int(wrong.argmax())

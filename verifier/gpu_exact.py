@@ -22,20 +22,30 @@ their low 61 bits. That is field_vectors itself unless a word's low 61 bits are 
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 import numpy as np
 
 from verifier.rng import P, field_label, field_vectors, stream
 
-WARPS = 8
-UNROLL = 4  # loads per row in flight per lane before they are used
-TILE_BYTES = 16 * 1024  # shared memory for the limbs of one tile of V
+
+class Launch(NamedTuple):
+    """How a kernel of one inner loop runs (tuned on an H100 at n = 4096 and 8192)."""
+
+    warps: int  # per block; they share the tiles of V
+    unroll: int  # loads per row in flight per lane before they are used
+    rows: int  # per warp, at most (fewer when their accumulators crowd the registers)
+    tile_bytes: int  # shared memory for the limbs of one tile of V
+
+
+LAUNCH = {"bytes": Launch(8, 4, 2, 16 * 1024), "wide": Launch(8, 4, 2, 16 * 1024)}
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
 MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
 WIDE_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
 C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
            "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
            "int64": "long long"}
+REGISTER_TYPES = {"uint32": "unsigned int", "int64": "long long"}  # else int
 
 SOURCE = r"""
 typedef unsigned long long u64;
@@ -96,21 +106,27 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
         __syncthreads();
         for (int t = threadIdx.x; t < VX_K * VX_TILE; t += blockDim.x) {
             const int q = t / VX_TILE, jj = t - q * VX_TILE;
-#if VX_BYTES  // limb l of entries 4 jj .. 4 jj + 3, one byte each
-            unsigned int packed[VX_L];
+#if VX_BYTES  // limb l of entries 4 jj .. 4 jj + 3, one byte each: a 4 x 8 byte transpose
+            unsigned int half[2][4];  // [low or high 32 bits][entry]
             #pragma unroll
-            for (int l = 0; l < VX_L; ++l) packed[l] = 0;
-            if (jj < width) {
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u64 v = V[(4 * (j0 + jj) + e) * vj + q * vq] & PRIME;
-                    #pragma unroll
-                    for (int l = 0; l < VX_L; ++l)
-                        packed[l] |= (unsigned int)((v >> (8 * l)) & 255) << (8 * e);
-                }
+            for (int e = 0; e < 4; ++e) {
+                const u64 v = jj < width ? V[(4 * (j0 + jj) + e) * vj + q * vq] & PRIME : 0;
+                half[0][e] = (unsigned int)v;
+                half[1][e] = (unsigned int)(v >> 32);
             }
             #pragma unroll
-            for (int l = 0; l < VX_L; ++l) tile[(q * VX_L + l) * VX_TILE + jj] = packed[l];
+            for (int h = 0; h < 2; ++h) {
+                const unsigned int *x = half[h];
+                const unsigned int b01 = __byte_perm(x[0], x[1], 0x5140);  // bytes 0, 1 of
+                const unsigned int b23 = __byte_perm(x[0], x[1], 0x7362);  // entries 0 and 1
+                const unsigned int c01 = __byte_perm(x[2], x[3], 0x5140);
+                const unsigned int c23 = __byte_perm(x[2], x[3], 0x7362);
+                unsigned int *row = tile + (q * VX_L + 4 * h) * VX_TILE + jj;
+                row[0] = __byte_perm(b01, c01, 0x5410);
+                row[VX_TILE] = __byte_perm(b01, c01, 0x7632);
+                row[2 * VX_TILE] = __byte_perm(b23, c23, 0x5410);
+                row[3 * VX_TILE] = __byte_perm(b23, c23, 0x7632);
+            }
 #else  // limb l of entry jj, VX_W bits
             const u64 v = jj < width ? V[(j0 + jj) * vj + q * vq] & PRIME : 0;
             #pragma unroll
@@ -124,7 +140,7 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
 #if VX_BYTES
             int m[VX_UNROLL][VX_RPW];
 #else
-            long long m[VX_UNROLL][VX_RPW];
+            VX_R m[VX_UNROLL][VX_RPW];  // 32 bits where they hold M: 32 x 32 -> 64-bit products
 #endif
             #pragma unroll
             for (int u = 0; u < VX_UNROLL; ++u) {
@@ -136,7 +152,7 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
                               ? Mw[(first + r) * words + j0 + jj] : 0;
 #else
                     m[u][r] = jj < width && first + r < rows
-                              ? (long long)M[(first + r) * words + j0 + jj] : 0;
+                              ? (VX_R)M[(first + r) * words + j0 + jj] : 0;
 #endif
                 }
             }
@@ -160,7 +176,7 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
                                 asm("dp4a.s32.u32 %0, %1, %2, %0;"
                                     : "+r"(acc[r][q][l]) : "r"(m[u][r]), "r"(w));
 #else
-                                acc[r][q][l] += m[u][r] * (long long)w;
+                                acc[r][q][l] += (long long)m[u][r] * (long long)(VX_R)w;
 #endif
                             }
                         }
@@ -201,10 +217,9 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
 """
 
 
-def rows_per_warp(rows: int, accumulator_words: int) -> int:
-    """2 rows per warp keeps about 16 warps per SM busy at 4096 rows on 132 SMs, 4 beyond;
-    fewer where a row's accumulators (32-bit words) would crowd the registers."""
-    rpw = 4 if rows >= 16384 else 2
+def rows_per_warp(launch: Launch, accumulator_words: int) -> int:
+    """launch.rows, or fewer where a row's accumulators (32-bit words) crowd the registers."""
+    rpw = launch.rows
     while rpw > 1 and rpw * accumulator_words > 64:
         rpw //= 2
     return rpw
@@ -235,19 +250,19 @@ def supported(A, B, C, rounds: int, bounds: tuple[int, int, int]) -> bool:
     return True
 
 
-def tile_words(rounds: int, limbs: int) -> int:
-    return max(32, TILE_BYTES // 4 // (rounds * limbs) // 32 * 32)
+def tile_words(tile_bytes: int, rounds: int, limbs: int) -> int:
+    return max(32, tile_bytes // 4 // (rounds * limbs) // 32 * 32)
 
 
 @cache
 def _kernel(dtype: str, rounds: int, limbs: int, width: int, rpw: int, check: bool,
-            use_bytes: bool):
+            use_bytes: bool, unroll: int, tile: int):
     import cupy
 
-    options = (f"-DVX_T={C_TYPES[dtype]}", f"-DVX_K={rounds}", f"-DVX_L={limbs}",
-               f"-DVX_W={width}", f"-DVX_RPW={rpw}", f"-DVX_CHECK={int(check)}",
-               f"-DVX_BYTES={int(use_bytes)}", f"-DVX_TILE={tile_words(rounds, limbs)}",
-               f"-DVX_UNROLL={UNROLL}")
+    options = (f"-DVX_T={C_TYPES[dtype]}", f"-DVX_R={REGISTER_TYPES.get(dtype, 'int')}",
+               f"-DVX_K={rounds}", f"-DVX_L={limbs}", f"-DVX_W={width}", f"-DVX_RPW={rpw}",
+               f"-DVX_CHECK={int(check)}", f"-DVX_BYTES={int(use_bytes)}",
+               f"-DVX_TILE={tile}", f"-DVX_UNROLL={unroll}")
     return cupy.RawKernel(SOURCE, "residues", options=options)
 
 
@@ -264,10 +279,12 @@ def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None,
     else:
         use_bytes, width = False, wide_limb_width(bound, cols)
         limbs = -(-61 // width)
-    rpw = rows_per_warp(rows, rounds * limbs * (1 if use_bytes else 2))
-    kernel = _kernel(M.dtype.name, rounds, limbs, width, rpw, limit is not None, use_bytes)
-    blocks = -(-rows // (WARPS * rpw))
-    kernel((blocks,), (32 * WARPS,),
+    launch = LAUNCH["bytes" if use_bytes else "wide"]
+    rpw = rows_per_warp(launch, rounds * limbs * (1 if use_bytes else 2))
+    kernel = _kernel(M.dtype.name, rounds, limbs, width, rpw, limit is not None, use_bytes,
+                     launch.unroll, tile_words(launch.tile_bytes, rounds, limbs))
+    blocks = -(-rows // (launch.warps * rpw))
+    kernel((blocks,), (32 * launch.warps,),
            (M, V, cupy.int64(vj), cupy.int64(vq), out, out, verdict, cupy.int64(rows),
             cupy.int64(cols), cupy.int64(limit or 0), cupy.int32(int(compare)),
             cupy.int32(int(init))))
