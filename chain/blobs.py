@@ -7,10 +7,14 @@ so a blob id names exactly one array.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import os
 import struct
 import tempfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +30,16 @@ DTYPES: dict[int, np.dtype] = {
 }
 DTYPE_CODES = {dt: code for code, dt in DTYPES.items()}
 MAX_NDIM = 8
+PIPELINE_BYTES = 1 << 20  # an upload is hashed and written in steps of this size, on threads
+WRITEBACK_BYTES = 4 << 20  # ... and its write-back to disk started every this many bytes
+BACKLOG_BYTES = 16 << 20  # received but not yet hashed and written, at most (memory bound)
+SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start write-back of the range, do not wait
+# Linux's sync_file_range(2) (None elsewhere: the final fdatasync then flushes everything);
+# ctypes calls release the GIL
+_start_writeback = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True),
+                           "sync_file_range", None)
+if _start_writeback is not None:
+    _start_writeback.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 
 
 def encode_array(array: np.ndarray) -> bytes:
@@ -150,10 +164,17 @@ class BlobStore:
 
 
 class BlobWriter:
-    """Receives one blob in chunks: hashes and writes each chunk to a temp file as it arrives
-    (the body is never held in memory), then fsyncs and renames the file into place once
-    the size, the sha256 and the header check out. Any failure leaves nothing behind. The
-    rename is durable only after the store's `sync_directory()`."""
+    """Receives one blob in chunks and writes it to a temp file (the body is never held in
+    memory), then fsyncs and renames the file into place once the size, the sha256 and the
+    header check out. Any failure leaves nothing behind. The rename is durable only after
+    the store's `sync_directory()`.
+
+    A blob from `PIPELINE_BYTES` on is a pipeline: every `PIPELINE_BYTES` received go to a
+    hash thread and a write thread (hashlib and os.write release the GIL), so chunk i is
+    hashed and written while chunk i+1 is received; the write thread also starts the
+    disk's write-back every `WRITEBACK_BYTES`, so the final fdatasync has little left to
+    flush. Smaller blobs are hashed and written by `check()`, on the caller's thread.
+    Chunks handed to `write()` must not change afterwards (they are kept until written)."""
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
@@ -161,18 +182,84 @@ class BlobWriter:
         self.digest = hashlib.sha256()
         self.size = 0
         self.prefix = bytearray()  # the first bytes, enough for the header and dims
-        fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
-        self.file = os.fdopen(fd, "wb")
+        self.fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
+        self.received: list = []  # chunks not yet handed to the hash and write steps
+        self.received_bytes = 0
+        self.lanes: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        self.in_flight: deque[tuple[Future, Future, int]] = deque()
+        self.in_flight_bytes = 0
+        self.written = self.writeback_from = 0
+        self.aborted = False
 
-    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+    def write(self, chunk: bytes | memoryview) -> None:
         self.size += len(chunk)
         if self.size > self.store.max_bytes:
             self.abort()
             raise BlobTooLarge(f"blob exceeds the {self.store.max_bytes}-byte limit")
         if len(self.prefix) < HEADER.size + 8 * MAX_NDIM:
             self.prefix += chunk[:HEADER.size + 8 * MAX_NDIM - len(self.prefix)]
-        self.digest.update(chunk)
-        self.file.write(chunk)
+        self.received.append(chunk)
+        self.received_bytes += len(chunk)
+        if self.received_bytes >= PIPELINE_BYTES:
+            self._hand_over()
+
+    def lagging(self) -> Future | None:
+        """The oldest step still running while more than `BACKLOG_BYTES` are in flight: a
+        receiver waits for it before taking more (memory stays bounded)."""
+        while self.in_flight and self.in_flight[0][0].done() and self.in_flight[0][1].done():
+            self.in_flight_bytes -= self.in_flight.popleft()[2]
+        if self.in_flight_bytes <= BACKLOG_BYTES:
+            return None
+        hashed, written, _ = self.in_flight[0]
+        return written if hashed.done() else hashed
+
+    def held_bytes(self) -> int:
+        """Received bytes this writer holds in memory until `finish()` or `check()`."""
+        return self.received_bytes + self.in_flight_bytes
+
+    def _hand_over(self) -> None:
+        chunks, self.received, nbytes = self.received, [], self.received_bytes
+        self.received_bytes = 0
+        if self.lanes is None:
+            self.lanes = (ThreadPoolExecutor(1, thread_name_prefix="blob-hash"),
+                          ThreadPoolExecutor(1, thread_name_prefix="blob-write"))
+        self.in_flight.append((self.lanes[0].submit(self._hash, chunks),
+                               self.lanes[1].submit(self._write, chunks), nbytes))
+        self.in_flight_bytes += nbytes
+
+    def _hash(self, chunks: list) -> None:
+        for chunk in chunks:
+            self.digest.update(chunk)
+
+    def _write(self, chunks: list) -> None:
+        if self.aborted:
+            return
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(self.fd, view):]
+            self.written += len(chunk)
+        if _start_writeback is not None and \
+                self.written - self.writeback_from >= WRITEBACK_BYTES:
+            _start_writeback(self.fd, self.writeback_from, self.written - self.writeback_from,
+                             SYNC_FILE_RANGE_WRITE)
+            self.writeback_from = self.written
+
+    def finish(self) -> None:
+        """Hash and write everything received so far (blocks); raises what a hash or write
+        step raised."""
+        if self.lanes is None:
+            chunks, self.received, self.received_bytes = self.received, [], 0
+            self._hash(chunks)
+            self._write(chunks)
+            return
+        if self.received:
+            self._hand_over()
+        for hashed, written, _ in self.in_flight:
+            hashed.result()
+            written.result()
+        self.in_flight.clear()
+        self.in_flight_bytes = 0
 
     def commit(self, id_: bytes) -> bytes:
         """Check that the blob is `id_` and well formed, and store it; returns its id.
@@ -183,8 +270,9 @@ class BlobWriter:
 
     def check(self, id_: bytes) -> None:
         """ValueError (and nothing left behind) unless the body hashes to `id_` and is a
-        well-formed blob."""
+        well-formed blob. Blocks until every chunk is hashed and written."""
         try:
+            self.finish()
             if self.digest.digest() != id_:
                 raise ValueError(f"sha256 of the body is 0x{self.digest.hexdigest()}, "
                                  f"not 0x{id_.hex()}")
@@ -204,14 +292,35 @@ class BlobWriter:
             if target.exists():
                 self.abort()
                 return
-            self.file.flush()
-            os.fdatasync(self.file.fileno())
-            self.file.close()
+            os.fdatasync(self.fd)
+            self._close()
             os.replace(self.tmp, target)
         except BaseException:
             self.abort()
             raise
 
     def abort(self) -> None:
-        self.file.close()
+        """Drop the upload. Steps still queued are skipped; the file is closed and removed
+        once a running write step is done with it (on the write thread: never blocks)."""
+        if self.aborted:
+            return
+        self.aborted = True
+        if self.lanes is not None:
+            self.lanes[0].shutdown(wait=False, cancel_futures=True)
+            self.lanes[1].submit(self._remove)
+            self.lanes[1].shutdown(wait=False)
+            self.lanes = None
+        else:
+            self._remove()
+
+    def _remove(self) -> None:
+        self._close()
         Path(self.tmp).unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.lanes is not None:
+            for lane in self.lanes:
+                lane.shutdown(wait=False)
