@@ -30,11 +30,11 @@ from chain.blobs import (
 from chain.keepalive import Connections
 
 CHUNK = 4 << 20
-ASK_FIRST_BYTES = 1 << 20  # from this size an upload first asks (HEAD) whether it is needed
+STREAM_BYTES = 1 << 20  # from this size an upload goes alone, hashed while it is sent
 FRAME_LENGTH = struct.Struct("<Q")  # a batch frame: <u64 length><blob><sha256 of the blob>
 ID_BYTES = 32
 MAX_BATCH_BLOBS = 256  # blobs per POST (each holds a temp file open until the batch commits)
-BATCH_BYTES = 8 << 20  # the client batches blobs below ASK_FIRST_BYTES up to this much
+BATCH_BYTES = 8 << 20  # the client batches blobs below STREAM_BYTES up to this much
 SYNC_THREADS = 16  # fdatasyncs of one batch in flight together
 HASH_THREAD_BYTES = 8 << 20  # downloads from this size are hashed on a second thread
 HASH_STEP = 1 << 20  # ... in steps of this size (measured: a gain at 16 MiB, a loss at 4)
@@ -252,6 +252,35 @@ class _Hasher:
         return self.digest.digest()
 
 
+def _sha256(views: list[memoryview]) -> bytes:
+    digest = hashlib.sha256()
+    for view in views:
+        digest.update(view)
+    return digest.digest()
+
+
+class _HashedFrame:
+    """One blob framed for `POST` as <u64 length><blob><sha256>, hashed on a second thread
+    while it is sent: the hash of step i runs while the socket takes step i (both release
+    the GIL). Iterating again (a retried request) hashes again."""
+
+    def __init__(self, views: list[memoryview], size: int) -> None:
+        self.views, self.size = views, size
+        self.id = b""
+
+    def __iter__(self):
+        digest = hashlib.sha256()
+        yield FRAME_LENGTH.pack(self.size)
+        with ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as hasher:
+            for view in self.views:
+                for start in range(0, len(view), HASH_STEP):
+                    step = view[start:start + HASH_STEP]
+                    hasher.submit(digest.update, step)  # in order: one thread
+                    yield step
+        self.id = digest.digest()
+        yield self.id
+
+
 def array_parts(array: np.ndarray) -> list:
     """An array's blob as [header, data] without concatenating them (no copy of the data
     when it is already little-endian and contiguous)."""
@@ -270,13 +299,16 @@ class BlobClient:
         self._upload_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
-    def _request(self, method: str, id_: bytes | None, parts=()) -> http.client.HTTPResponse:
+    def _request(self, method: str, id_: bytes | None, parts=(), length: int = 0
+                 ) -> http.client.HTTPResponse:
+        """`parts` (`length` bytes in all) is iterated once per attempt: a keep-alive
+        connection the server closed is retried with the whole body again."""
         path = self.connections.prefix + (f"/0x{id_.hex()}" if id_ is not None else "/")
 
         def send(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
             conn.putrequest(method, path, skip_accept_encoding=True)
             if method in ("PUT", "POST"):
-                conn.putheader("Content-Length", str(sum(len(p) for p in parts)))
+                conn.putheader("Content-Length", str(length))
                 conn.putheader("Content-Type", "application/octet-stream")
             conn.endheaders()
             for part in parts:
@@ -285,26 +317,33 @@ class BlobClient:
 
         return self.connections.request(send)
 
-    def _size_and_id(self, parts: list) -> tuple[int, bytes]:
-        """A blob's size (within the limit, checked before anything is sent) and its id."""
-        size = sum(memoryview(p).nbytes for p in parts)
+    def _checked_size(self, parts: list) -> tuple[list[memoryview], int]:
+        """A blob's buffers as byte views and its size, within the limit (checked before
+        anything is sent)."""
+        views = [memoryview(p).cast("B") for p in parts]
+        size = sum(len(v) for v in views)
         if size > self.max_bytes:
             raise BlobError(f"blob of {size} bytes exceeds the {self.max_bytes}-byte limit")
-        digest = hashlib.sha256()
-        for part in parts:
-            digest.update(part)
-        return size, digest.digest()
+        return views, size
 
     def put_parts(self, parts: list) -> bytes:
-        """Upload a blob given as consecutive byte buffers; returns its id."""
-        size, id_ = self._size_and_id(parts)
-        if size >= ASK_FIRST_BYTES and self.has(id_):
-            return id_  # a large blob the store already has is not sent again
-        response = self._request("PUT", id_, [memoryview(p).cast("B") for p in parts])
+        """Upload a blob given as consecutive byte buffers; returns its id. From
+        `STREAM_BYTES` on, the blob is hashed while it is sent (`POST` framing, its sha256
+        after its bytes) instead of before (`PUT` to its id)."""
+        views, size = self._checked_size(parts)
+        if size >= STREAM_BYTES:
+            frame = _HashedFrame(views, size)
+            response = self._request("POST", None, frame, FRAME_LENGTH.size + size + ID_BYTES)
+            id_ = frame.id
+        else:
+            id_ = _sha256(views)
+            response = self._request("PUT", id_, views, size)
         body = response.read()
         if response.status != 200:
             raise BlobError(f"blob store refused 0x{id_.hex()}: {response.status} "
                             f"{body[:200].decode(errors='replace')}")
+        if size >= STREAM_BYTES and json.loads(body)["ids"] != ["0x" + id_.hex()]:
+            raise BlobError(f"blob store acknowledged another id than 0x{id_.hex()}")
         return id_
 
     def put(self, data: bytes) -> bytes:
@@ -315,12 +354,12 @@ class BlobClient:
         node commits them as a group (one directory fsync). Returns their ids."""
         frames, ids = [], []
         for parts in blobs:
-            size, id_ = self._size_and_id(parts)
-            ids.append(id_)
-            frames += [FRAME_LENGTH.pack(size), *(memoryview(p).cast("B") for p in parts),
-                       ids[-1]]
+            views, size = self._checked_size(parts)
+            ids.append(_sha256(views))
+            frames += [FRAME_LENGTH.pack(size), *views, ids[-1]]
         # one buffer: small blobs as separate sends would each be a syscall and a segment
-        response = self._request("POST", None, [b"".join(frames)])
+        body = b"".join(frames)
+        response = self._request("POST", None, [body], len(body))
         body = response.read()
         if response.status != 200:
             raise BlobError(f"blob store refused a batch of {len(blobs)}: {response.status} "
@@ -338,7 +377,7 @@ class BlobClient:
         batch_bytes = 0
         for i, array in enumerate(arrays):
             nbytes = np.asarray(array).nbytes
-            if nbytes >= ASK_FIRST_BYTES:
+            if nbytes >= STREAM_BYTES:
                 groups.append([i])
                 continue
             if not batch or batch_bytes + nbytes > BATCH_BYTES or len(batch) == MAX_BATCH_BLOBS:
@@ -348,7 +387,7 @@ class BlobClient:
             batch_bytes += nbytes
 
         def upload(group: list[int]) -> list[bytes]:
-            if np.asarray(arrays[group[0]]).nbytes >= ASK_FIRST_BYTES:
+            if np.asarray(arrays[group[0]]).nbytes >= STREAM_BYTES:
                 return [self.put_array(arrays[group[0]])]
             return self.put_many([array_parts(arrays[i]) for i in group])
 
