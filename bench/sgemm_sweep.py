@@ -6,9 +6,10 @@
 
 float32 (default): for each shape and configuration, needle GFLOP/s, cuBLAS GFLOP/s (TF32 off)
 timed right after it, their ratio, and the relative error against cuBLAS's float32 product.
---tf32: the Hopper TF32 configurations against cuBLAS with TF32 on: GFLOP/s of the whole
-product (B's transpose included) and of the wgmma kernel alone, cuBLAS, the ratio of the whole
-product to cuBLAS, and the relative error against a float64 product. CUDA events, median of
+--tf32: the Hopper TF32 configurations against cuBLAS with TF32 on: TFLOP/s of the whole
+product (B's transpose included), of the same with A copied to padded rows, of the wgmma kernel
+alone, and of cuBLAS; the ratio of the whole product to cuBLAS, and the relative error against
+a float64 product. CUDA events, median of
 rounds.
 """
 
@@ -33,13 +34,14 @@ def variant_runner(lib: ctypes.CDLL, v: int, a, b, c):
     return run
 
 
-def tf32_runner(lib: ctypes.CDLL, v: int, a, b, c, bt, transposed: bool):
-    """A call that runs TF32 variant v for c = a @ b, transposing b into bt unless `transposed`."""
+def tf32_runner(lib: ctypes.CDLL, v: int, a, b, c, scratch, pad_a: bool, prepared: bool):
+    """A call that runs TF32 variant v for c = a @ b; `scratch` = (bt, padded) receive B^T and,
+    with `pad_a`, A's padded copy, unless `prepared`."""
     (m, k), n = a.shape, b.shape[1]
-    pointers = [ctypes.c_void_p(t.data_ptr()) for t in (a, b, c, bt)]
+    pointers = [ctypes.c_void_p(t.data_ptr()) for t in (a, b, c, *scratch)]
 
     def run() -> None:
-        err = lib.tf32_run(v, *pointers, m, n, k, int(transposed))
+        err = lib.tf32_run(v, *pointers, m, n, k, int(pad_a), int(prepared))
         if err:
             raise RuntimeError(f"tf32 variant {v}: error {err}")
 
@@ -71,35 +73,39 @@ def sweep_fp32(lib: ctypes.CDLL, shapes, variants) -> None:
 
 
 def sweep_tf32(lib: ctypes.CDLL, shapes, variants) -> None:
+    """Each variant as `matmul_tf32` runs it (A padded only where K % 4 != 0), the same with A
+    always padded to 128-byte rows, and the product alone."""
     torch.backends.cuda.matmul.allow_tf32 = True
     print(
-        f"{'':3s} {'configuration':40s} {'whole':>8s} {'kernel':>8s} {'cuBLAS':>8s} "
-        f"{'ratio':>6s} {'rel.err':>8s}  (GFLOP/s)"
+        f"{'':3s} {'configuration':38s} {'whole':>7s} {'pad A':>7s} {'kernel':>7s} "
+        f"{'cuBLAS':>7s} {'ratio':>6s} {'rel.err':>8s}  (TFLOP/s; ratio: whole / cuBLAS)"
     )
     for m, k, n in shapes:
-        if k % 4 or n % 4:
-            continue  # the Hopper kernel needs 16-byte rows
         a = torch.randn(m, k, device="cuda")
         b = torch.randn(k, n, device="cuda")
         c = torch.empty(m, n, device="cuda")
-        bt = torch.empty(n, k, device="cuda")
+        ld = (k + 31) // 32 * 32
+        scratch = (torch.empty(n, ld, device="cuda"), torch.empty(m, ld, device="cuda"))
         reference = a.double() @ b.double()
         flops = 2.0 * m * n * k
         reps = max(3, int(2e12 // flops))
         print(f"\n{m} x {k} x {n}")
         for v in variants:
-            whole = tf32_runner(lib, v, a, b, c, bt, transposed=False)
-            kernel = tf32_runner(lib, v, a, b, c, bt, transposed=True)
+            needs_pad = k % 4 != 0
+            whole = tf32_runner(lib, v, a, b, c, scratch, needs_pad, prepared=False)
             c.fill_(float("nan"))
             whole()
             error = ((c.double() - reference).norm() / reference.norm()).item()
             t_whole = time_ms(whole, reps)
-            t_kernel = time_ms(kernel, reps)
+            t_padded = time_ms(tf32_runner(lib, v, a, b, c, scratch, True, prepared=False), reps)
+            t_kernel = time_ms(tf32_runner(lib, v, a, b, c, scratch, needs_pad, True), reps)
             t_cublas = time_ms(functools.partial(torch.matmul, a, b, out=c), reps)
+            rates = " ".join(
+                f"{flops / t / 1e9:7.1f}" for t in (t_whole, t_padded, t_kernel, t_cublas)
+            )
             print(
-                f"{v:3d} {lib.tf32_name(v).decode():40s} {flops / t_whole / 1e6:8.0f} "
-                f"{flops / t_kernel / 1e6:8.0f} {flops / t_cublas / 1e6:8.0f} "
-                f"{t_cublas / t_whole:6.3f} {error:8.1e}",
+                f"{v:3d} {lib.tf32_name(v).decode():38s} {rates} {t_cublas / t_whole:6.3f} "
+                f"{error:8.1e}",
                 flush=True,
             )
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -121,6 +127,7 @@ def main() -> None:
     shapes = [(s, s, s) for s in args.sizes] + [
         (8192, 1024, 4096),
         (3000, 4100, 2996),
+        (3000, 4096, 2996),
         (3001, 4097, 2999),
     ]
     (sweep_tf32 if args.tf32 else sweep_fp32)(lib, shapes, variants)

@@ -552,12 +552,12 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---------------------------------------------------------------------------------------------
 // TF32 tensor-core GEMM (float32 in and out, operands rounded to TF32, float32 accumulation),
-// only on explicit request. On an H100/H200 with a build for sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)
-// and rows of whole 16-byte chunks (K, N multiples of 4), the wgmma kernel below runs; otherwise
-// this portable one (sm_80+). K slices of BK are brought into shared memory by cp.async in a
-// STAGES-deep pipeline (out-of-range elements zero-filled); each warp holds a WM x WN tile of
-// WMMA m16n16k8 accumulators; the block's C tile is staged through shared memory so that the
-// global stores are coalesced and bounds-checked.
+// only on explicit request. On an H100/H200 with a build for sm_90a (CMake's default
+// architectures include 90a) the TMA/wgmma kernel of tf32_hopper.cuh runs, for any shape;
+// elsewhere this portable one (sm_80+). K slices of BK are brought into shared memory by
+// cp.async in a STAGES-deep pipeline (out-of-range elements zero-filled); each warp holds a
+// WM x WN tile of WMMA m16n16k8 accumulators; the block's C tile is staged through shared
+// memory so that the global stores are coalesced and bounds-checked.
 
 namespace tf32 {
 
@@ -745,16 +745,29 @@ bool available(int major, int minor) {
 using Large = tf32_hopper::Config<256, 4, true>;
 using Small = tf32_hopper::Config<128, 6, true>;
 
-// K and N multiples of 4. The 128 x 256 tiles where they fill every multiprocessor at least
-// once, else the 128 x 128 ones (twice the blocks).
+int64_t waves(int64_t tiles, int multiprocessors) {
+  return (tiles + multiprocessors - 1) / multiprocessors;
+}
+
+// Any M, N, K > 0. B^T goes to scratch; so does A where its rows are not whole 16 bytes (TMA).
+// The 128 x 256 tiles unless the 128 x 128 ones need under 5/3 as many waves (per flop they ran
+// at 0.75-0.94 of the large tiles' rate on an H100, bench/RESULTS.md): 1024^3 takes the small
+// tiles (1 wave against 1), 2048^3 the large (1 against 2).
 void launch(const float* A, const float* B, float* C, int M, int N, int K) {
-  CudaArray bt(static_cast<int64_t>(N) * K);  // from the pool: freed buffers come back
-  check(tf32_hopper::transpose(B, bt.ptr, K, N), "matmul_tf32 (transpose)");
+  const int64_t ld = tf32_hopper::padded_rows(K);
+  CudaArray bt(N * ld);  // from the pool: freed buffers come back
+  check(tf32_hopper::transpose(B, bt.ptr, K, N, ld), "matmul_tf32 (transpose)");
+  CudaArray padded(K % 4 == 0 ? 0 : M * ld);
+  if (K % 4 != 0) check(tf32_hopper::pad_rows(A, padded.ptr, M, K, ld), "matmul_tf32 (pad)");
+  const float* a = K % 4 == 0 ? A : padded.ptr;
+  const int64_t lda = K % 4 == 0 ? K : ld;
   const int sms = multiprocessor_count();
-  const int64_t large_tiles =
-      (static_cast<int64_t>(M) + Large::BM - 1) / Large::BM * ((N + Large::BN - 1) / Large::BN);
-  check(large_tiles >= sms ? tf32_hopper::gemm<Large>(A, bt.ptr, C, M, N, K, sms)
-                           : tf32_hopper::gemm<Small>(A, bt.ptr, C, M, N, K, sms),
+  const auto tiles = [&](int bn) {
+    return (int64_t{M} + Large::BM - 1) / Large::BM * ((int64_t{N} + bn - 1) / bn);
+  };
+  const bool large = 3 * waves(tiles(Small::BN), sms) >= 5 * waves(tiles(Large::BN), sms);
+  check(large ? tf32_hopper::gemm<Large>(a, lda, bt.ptr, ld, C, M, N, K, sms)
+              : tf32_hopper::gemm<Small>(a, lda, bt.ptr, ld, C, M, N, K, sms),
         "matmul_tf32 (wgmma)");
 }
 
@@ -769,7 +782,7 @@ void launch(const float* A, const float* B, float* C, int M, int N, int K) {
     CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   }
   if (major < 8) throw std::runtime_error("matmul_tf32 needs a GPU of compute capability 8.0+");
-  if (K % 4 == 0 && N % 4 == 0 && hopper::available(major, minor)) {
+  if (hopper::available(major, minor)) {
     hopper::launch(A, B, C, M, N, K);
   } else if (K % 4 == 0 && N % 4 == 0) {
     launch_variant<true>(A, B, C, M, N, K);

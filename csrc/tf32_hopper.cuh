@@ -4,9 +4,10 @@
 // against cuBLAS.
 //
 // TF32 wgmma reads both shared-memory operands K-major. A is; B is N-major, so B is first
-// transposed into a scratch buffer (B^T, N x K, elements rounded to TF32 on the way: cvt.rna),
-// and both operands then come from shared memory (no per-k register traffic, wgmmas stay in
-// flight across K slices). Each block computes 128 x BN tiles of C with three warpgroups:
+// transposed into a scratch buffer (B^T, N x K, elements rounded to TF32 on the way: cvt.rna;
+// rows padded to whole 128-byte lines, as TMA reads misaligned rows much more slowly), and both
+// operands then come from shared memory (no per-k register traffic, wgmmas stay in flight
+// across K slices). Each block computes 128 x BN tiles of C with three warpgroups:
 //  - a producer warp issues TMA bulk tensor copies (`cp.async.bulk.tensor.2d`, 128-byte
 //    swizzle, zero fill past the matrix) of 32-float K slices of A and B^T into a STAGES-deep
 //    ring; each stage has a `full` mbarrier (the copies' bytes landed) and an `empty` one (every
@@ -18,12 +19,12 @@
 // 8 block rows so that neighbouring blocks share A and B^T in L2; PERSISTENT blocks (one per
 // multiprocessor) loop over tiles, so the producer fills the next tile's stages while the
 // consumers store the last one. The tensor cores truncate A's float32 bits to TF32 (2^-10
-// relative at most, the bound the verifier's tf32 class assumes); B^T is rounded.
+// relative at most, the bound the verifier's tf32 class assumes); B^T is rounded (2^-11).
 //
 // Tensor maps are made on the host by cuTensorMapEncodeTiled, reached through the runtime's
 // cudaGetDriverEntryPointByVersion: the module links no libcuda and imports without a driver.
-// TMA needs 16-byte row strides: K and N multiples of 4 (the caller's other kernels take the
-// rest).
+// TMA needs row strides of whole 16 bytes: where K is not a multiple of 4, A is first copied
+// into padded rows too (`pad_rows`, also rounding to TF32); any M, N, K > 0 then run.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums only
@@ -50,9 +51,17 @@ struct Config {
   static_assert(kSharedBytes <= 227 * 1024, "more shared memory than a multiprocessor has");
 };
 
-// B^T (N x K) = B (K x N) transposed, elements rounded to TF32, through 32 x 32 shared tiles.
+__device__ __forceinline__ float round_to_tf32(float x) {
+  uint32_t rounded;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(rounded) : "f"(x));
+  return __uint_as_float(rounded);
+}
+
+// B^T (N x K, rows of `ld` floats) = B (K x N) transposed, elements rounded to TF32, through
+// 32 x 32 shared tiles.
 __global__ void __launch_bounds__(256) transpose_kernel(const float* __restrict__ B,
-                                                        float* __restrict__ Bt, int K, int N) {
+                                                        float* __restrict__ Bt, int K, int N,
+                                                        int64_t ld) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // only the sm_90a path launches it
 #else
@@ -69,11 +78,27 @@ __global__ void __launch_bounds__(256) transpose_kernel(const float* __restrict_
 #pragma unroll
     for (int i = threadIdx.y; i < 32; i += 8) {
       const int n = n0 + i, k = k0 + threadIdx.x;
-      uint32_t rounded;
-      asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(rounded) : "f"(tile[threadIdx.x][i]));
-      if (n < N && k < K) Bt[static_cast<size_t>(n) * K + k] = __uint_as_float(rounded);
+      if (n < N && k < K) {
+        Bt[n * ld + k] = round_to_tf32(tile[threadIdx.x][i]);
+      }
     }
     __syncthreads();
+  }
+#endif
+}
+
+// A (M x K) copied into rows of `ld` floats, elements rounded to TF32.
+__global__ void __launch_bounds__(256) pad_rows_kernel(const float* __restrict__ A,
+                                                       float* __restrict__ padded, int M, int K,
+                                                       int64_t ld) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // only the sm_90a path launches it
+#else
+  for (int row = blockIdx.y; row < M; row += gridDim.y) {
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < K; k += gridDim.x * blockDim.x) {
+      padded[row * ld + k] =
+          round_to_tf32(A[static_cast<size_t>(row) * K + k]);
+    }
   }
 #endif
 }
@@ -293,16 +318,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (leader) barrier_arrive(empty + previous);
 
       // acc[4j + 2h + e]: row 16 warp + lane / 4 + 8h, column 8j + 2 (lane % 4) + e of this
-      // warpgroup's 64 x BN part. N is a multiple of 4, so a pair is in range or out entirely.
+      // warpgroup's 64 x BN part. Pairs are stored as float2 where N is even (8-byte aligned).
       const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
       const int row = m0 + row0 + 16 * warp + lane / 4, col = n0 + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if (row + 8 * h < M && col + 8 * j < N) {
-            *reinterpret_cast<float2*>(C + static_cast<size_t>(row + 8 * h) * N + col + 8 * j) =
+          const int r = row + 8 * h, c = col + 8 * j;
+          if (r >= M || c >= N) continue;
+          float* dst = C + static_cast<size_t>(r) * N + c;
+          if (N % 2 == 0) {
+            *reinterpret_cast<float2*>(dst) =
                 make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          } else {
+            dst[0] = acc[4 * j + 2 * h];
+            if (c + 1 < N) dst[1] = acc[4 * j + 2 * h + 1];
           }
         }
       }
@@ -328,12 +359,12 @@ inline EncodeTiled tensor_map_encoder() {
   return encode;
 }
 
-// Tensor map of a row-major rows x K matrix, copied in boxes of box_rows x 32 floats (one
-// 128-byte swizzle row each) with zeros past its edges.
-inline CUtensorMap k_major_map(const float* m, int rows, int K, int box_rows) {
+// Tensor map of a rows x K matrix in rows of `ld` floats, copied in boxes of box_rows x 32
+// floats (one 128-byte swizzle row each) with zeros past its edges.
+inline CUtensorMap k_major_map(const float* m, int rows, int K, int64_t ld, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * sizeof(float)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(float)};
   const cuuint32_t box[2] = {32, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult result = tensor_map_encoder()(
@@ -347,19 +378,31 @@ inline CUtensorMap k_major_map(const float* m, int rows, int K, int box_rows) {
   return map;
 }
 
-// Writes B^T (N x K, rounded to TF32) into `bt`, which holds N * K floats; returns the launch's
+// Row length of the scratch operands: whole 128-byte lines.
+inline int64_t padded_rows(int K) { return (int64_t{K} + 31) / 32 * 32; }
+
+// Writes B^T (N x K, rounded to TF32) into `bt`, N rows of `ld` floats; returns the launch's
 // error.
-inline cudaError_t transpose(const float* B, float* bt, int K, int N) {
+inline cudaError_t transpose(const float* B, float* bt, int K, int N, int64_t ld) {
   const dim3 grid((N + 31) / 32, static_cast<unsigned>(std::min((K + 31) / 32, 65535)));
-  transpose_kernel<<<grid, dim3(32, 8)>>>(B, bt, K, N);
+  transpose_kernel<<<grid, dim3(32, 8)>>>(B, bt, K, N, ld);
   return cudaGetLastError();
 }
 
-// C = A B from A and `bt` = B^T as `transpose` leaves it; returns the launch's error. M, N, K > 0,
-// K and N multiples of 4, A and `bt` 16-byte aligned (TMA's requirements).
+// Copies A (M x K, rounded to TF32) into `padded`, M rows of `ld` floats; returns the launch's
+// error.
+inline cudaError_t pad_rows(const float* A, float* padded, int M, int K, int64_t ld) {
+  const dim3 grid((K + 255) / 256, static_cast<unsigned>(std::min(M, 65535)));
+  pad_rows_kernel<<<grid, 256>>>(A, padded, M, K, ld);
+  return cudaGetLastError();
+}
+
+// C = A B from A (rows of `lda` floats) and `bt` = B^T as `transpose` leaves it (rows of `ldb`);
+// returns the launch's error. M, N, K > 0; lda and ldb multiples of 4 and A, `bt` 16-byte
+// aligned (TMA's requirements); C 8-byte aligned.
 template <typename T>
-cudaError_t gemm(const float* A, const float* bt, float* C, int M, int N, int K,
-                 int multiprocessors) {
+cudaError_t gemm(const float* A, int64_t lda, const float* bt, int64_t ldb, float* C, int M, int N,
+                 int K, int multiprocessors) {
   static bool configured = false;
   if (!configured) {
     const cudaError_t err = cudaFuncSetAttribute(
@@ -367,8 +410,8 @@ cudaError_t gemm(const float* A, const float* bt, float* C, int M, int N, int K,
     if (err != cudaSuccess) return err;
     configured = true;
   }
-  const CUtensorMap a_map = k_major_map(A, M, K, T::BM);
-  const CUtensorMap bt_map = k_major_map(bt, N, K, T::BN);
+  const CUtensorMap a_map = k_major_map(A, M, K, lda, T::BM);
+  const CUtensorMap bt_map = k_major_map(bt, N, K, ldb, T::BN);
   const int64_t tiles =
       static_cast<int64_t>((M + T::BM - 1) / T::BM) * ((N + T::BN - 1) / T::BN);
   if (tiles > INT32_MAX) throw std::invalid_argument("matmul_tf32: too many tiles for one launch");

@@ -279,10 +279,11 @@ def test_matmul_float32(rng, m, n, p):
     assert run_matmul(cuda.matmul, rng, m, n, p, operand_rounding=0.0) < 1e-5
 
 
-# On Hopper, rows of 16 bytes (n and p multiples of 4) take the TMA/wgmma kernel: B transposed
-# into scratch, a ring of K slices shared across each persistent block's tiles.
+# On Hopper every shape takes the TMA/wgmma kernel: B transposed into scratch (A too, padded,
+# where n % 4 != 0), a ring of K slices shared across each persistent block's tiles.
 TF32_SHAPES = MATMUL_SHAPES + [
     (1, 4, 4),  # one element's row, K and N far below one box
+    (700, 4097, 651),  # padded A, odd N, ragged everything, many K slices
     (129, 2052, 260),  # more K slices than ring stages, partial last slice, ragged M and N
     (2200, 40, 2100),  # 128 x 256 tiles, more than one per multiprocessor: the ring crosses tiles
     (1100, 100, 2000),  # 128 x 128 tiles, more than one per multiprocessor
