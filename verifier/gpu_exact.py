@@ -38,7 +38,10 @@ class Launch(NamedTuple):
     tile_bytes: int  # shared memory for the limbs of one tile of V
 
 
-LAUNCH = {"bytes": Launch(8, 4, 2, 16 * 1024), "wide": Launch(8, 4, 2, 16 * 1024)}
+# the fastest of 81 (warps 4/8/16, unroll 2/4/8, rows 1/2/4, tiles of 8/16/32 KiB) summed
+# over n = 4096 and 8192, H100, bench/verify.py's int8/int32 operands; a 32 KiB tile holds a
+# 4096-long vector's 8 byte limbs whole, so a block fills its tile once
+LAUNCH = {"bytes": Launch(16, 4, 2, 32 * 1024), "wide": Launch(16, 8, 2, 32 * 1024)}
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
 MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
 WIDE_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
