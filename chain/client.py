@@ -14,7 +14,7 @@ from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_utils import keccak
 from web3 import HTTPProvider, Web3
-from web3._utils.method_formatters import log_entry_formatter, receipt_formatter
+from web3._utils.method_formatters import receipt_formatter
 from web3.datastructures import AttributeDict
 from web3.exceptions import ContractLogicError, TransactionNotFound
 
@@ -148,22 +148,27 @@ class ChainClient:
         return head
 
     def wait_for_logs(self, number: int, timeout: float) -> tuple[int, list | None]:
-        """`wait_for_block`, then (head, the market's logs in blocks `number`..head as
-        web3's get_logs gives them), or (head, None) if block `number` did not come. The
-        node's long poll carries the logs; elsewhere they are asked for."""
+        """`wait_for_block`, then (head, the market's logs in blocks `number`..head as JSON,
+        as eth_getLogs answers), or (head, None) if block `number` did not come. The node's
+        long poll carries the logs; elsewhere they are asked for."""
         answer = self._long_poll({"block": number, "timeout": timeout,
                                   "logs": self.market.address})
         if answer is None:
             head = self._poll_for_block(number, timeout)
         elif "logs" in answer:
-            return answer["head"], [_formatted(log_entry_formatter, log)
-                                    for log in answer["logs"]]
+            return answer["head"], answer["logs"]
         else:
             head = answer["head"]
-        if head < number:
-            return head, None
-        return head, self.w3.eth.get_logs({"address": self.market.address,
-                                           "fromBlock": number, "toBlock": head})
+        return (head, None) if head < number else (head, self.raw_logs(number, head))
+
+    def raw_logs(self, first: int, last: int) -> list[dict]:
+        """eth_getLogs of the market over blocks `first`..`last`, as JSON (decoders take
+        it as it is: web3's formatting of every field is not needed)."""
+        answer = self.w3.provider.make_request("eth_getLogs", [{
+            "address": self.market.address, "fromBlock": hex(first), "toBlock": hex(last)}])
+        if "error" in answer:
+            raise ValueError(f"eth_getLogs failed: {answer['error']}")
+        return answer["result"]
 
     def _long_poll(self, params: dict) -> dict | None:
         """GET /wait (on this thread's keep-alive connection; the wait is capped below the

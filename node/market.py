@@ -14,8 +14,11 @@ from typing import NamedTuple
 import httpx
 import numpy as np
 import requests
+from eth_abi import decode as abi_decode
 from eth_account.signers.local import LocalAccount
-from web3.logs import DISCARD
+from eth_utils import keccak, to_checksum_address
+from hexbytes import HexBytes
+from web3.datastructures import AttributeDict
 
 from chain.client import ChainClient, TransactionReverted
 from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
@@ -100,6 +103,55 @@ def finalize_gas(job: Job) -> int:
     return 300_000 + 2 * precompile
 
 
+def _bytes(value) -> bytes:
+    return bytes.fromhex(value[2:]) if isinstance(value, str) else bytes(value)
+
+
+def _int(value) -> int:
+    return int(value, 16) if isinstance(value, str) else value
+
+
+class EventDecoder:
+    """A contract's events decoded exactly as web3's ``process_log`` decodes them (the same
+    AttributeDict), from raw JSON-RPC logs or web3-formatted ones, without web3's per-log
+    machinery: 20-50x faster, and a block of 100 small jobs carries 300 market events that
+    every worker and the client read. Indexed inputs must be static types (as the market's
+    are); their values are then the topics themselves."""
+
+    def __init__(self, abi: list[dict]) -> None:
+        self.events: dict[bytes, tuple] = {}
+        for entry in (e for e in abi if e["type"] == "event"):
+            inputs = entry["inputs"]
+            indexed = [(i["name"], i["type"]) for i in inputs if i["indexed"]]
+            if any(t in ("string", "bytes") or t.endswith("]") or t.startswith("tuple")
+                   for _, t in indexed):
+                raise ValueError(f"event {entry['name']}: dynamic indexed inputs are not "
+                                 "supported")
+            data = [(i["name"], i["type"]) for i in inputs if not i["indexed"]]
+            signature = f"{entry['name']}({','.join(i['type'] for i in inputs)})"
+            self.events[keccak(text=signature)] = (entry["name"], indexed, data)
+
+    def decode(self, log) -> AttributeDict | None:
+        """The event of one log, or None if it is not one of this contract's events."""
+        topics = log["topics"]
+        found = self.events.get(_bytes(topics[0])) if topics else None
+        if found is None:
+            return None
+        name, indexed, data = found
+        values = [abi_decode([t], _bytes(topic))[0] for (_, t), topic in
+                  zip(indexed, topics[1:], strict=True)]
+        values += abi_decode([t for _, t in data], _bytes(log["data"]))
+        args = {arg: to_checksum_address(v) if t == "address" else v
+                for (arg, t), v in zip(indexed + data, values, strict=True)}
+        return AttributeDict({
+            "args": AttributeDict(args), "event": name, "logIndex": _int(log["logIndex"]),
+            "transactionIndex": _int(log["transactionIndex"]),
+            "transactionHash": HexBytes(log["transactionHash"]),
+            "address": to_checksum_address(log["address"]),
+            "blockHash": HexBytes(log["blockHash"]), "blockNumber": _int(log["blockNumber"]),
+        })
+
+
 class Market:
     def __init__(
         self, rpc_url: str, account: LocalAccount, max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
@@ -112,11 +164,7 @@ class Market:
         self.max_blob_bytes = max_blob_bytes
         self.blob_url = self.client.info.get("blob_url", f"{self.client.url}/blobs").rstrip("/")
         self.blobs = self.client.blobs
-        self._events_by_topic = {
-            bytes.fromhex(event.topic.removeprefix("0x")): event
-            for event in (getattr(self.contract.events, abi["name"])()
-                          for abi in self.contract.abi if abi["type"] == "event")
-        }
+        self.events = EventDecoder(self.contract.abi)
 
     def close(self) -> None:
         self.client.close()
@@ -207,16 +255,14 @@ class Market:
 
     def logs(self, from_block: int, to_block: int) -> list:
         """Every market event in [from_block, to_block], decoded, in chain order."""
-        return self._decoded(self.w3.eth.get_logs({
-            "address": self.contract.address, "fromBlock": from_block, "toBlock": to_block}))
+        return self._decoded(self.client.raw_logs(from_block, to_block))
 
-    def _decoded(self, raw: list) -> list:
-        return [self._events_by_topic[bytes(log["topics"][0])].process_log(log) for log in raw
-                if log["topics"] and bytes(log["topics"][0]) in self._events_by_topic]
+    def _decoded(self, logs: list) -> list:
+        return [e for e in map(self.events.decode, logs) if e is not None]
 
     def events_in(self, receipt, name: str) -> list[dict]:
-        return [e["args"] for e in getattr(self.contract.events, name)().process_receipt(
-            receipt, errors=DISCARD)]
+        """The arguments of each `name` event the market emitted in a receipt."""
+        return [e["args"] for e in self.logs_in(receipt) if e["event"] == name]
 
     def verdicts_in(self, receipt) -> dict[int, Verdict]:
         """The verdicts a finalize or finalizeJobs transaction reached, by job id."""
@@ -233,10 +279,8 @@ class Market:
 
     def logs_in(self, receipt) -> list:
         """Every market event in a receipt, decoded, in log order."""
-        return [self._events_by_topic[bytes(log["topics"][0])].process_log(log)
-                for log in receipt["logs"]
-                if log["address"] == self.contract.address and log["topics"]
-                and bytes(log["topics"][0]) in self._events_by_topic]
+        return self._decoded(log for log in receipt["logs"]
+                             if log["address"] == self.contract.address)
 
     def verdict(self, job_id: int, worker: str, from_block: int = 0) -> Verdict | None:
         """How the latest finalisation of `worker`'s result for `job_id` went, if it happened."""

@@ -19,6 +19,7 @@ from chain.blobs import encode_array
 from chain.client import ChainClient, TransactionReverted
 from chain.devnet import dev_accounts
 from chain.launch import NodeProcess
+from node.market import EventDecoder
 
 ETHER = 10**18
 GENESIS_SUPPLY = 20 * 10_000 * ETHER + 1_000_000 * ETHER  # documented in docs/protocol.md
@@ -489,7 +490,8 @@ def test_long_poll_answers_equal_receipts_logs_and_gas_price(node, clients, w3):
 
     assert submitter.wait_for_receipt(tx_hash) == w3.eth.get_transaction_receipt(tx_hash)
     head, logs = submitter.wait_for_logs(number, 5)
-    assert logs == w3.eth.get_logs({"address": MARKET, "fromBlock": number, "toBlock": head})
+    assert logs == rpc("eth_getLogs", {"address": MARKET, "fromBlock": hex(number),
+                                       "toBlock": hex(head)})
     for _ in range(20):  # the gas price of the head the answer names (empty blocks move it)
         before = w3.eth.block_number
         answer = httpx.get(f"{node.url}/wait", params={"block": before, "timeout": 5}).json()
@@ -548,3 +550,26 @@ def test_legacy_eip155_transfer_and_lookups(w3):
     unknown = "0x" + keccak(b"unknown").hex()
     assert w3.provider.make_request("eth_getTransactionReceipt", [unknown])["result"] is None
     assert w3.provider.make_request("eth_getTransactionByHash", [unknown])["result"] is None
+
+
+# --- last: every kind of market event has happened by now -----------------------------------
+def test_event_decoder_equals_web3_on_every_market_event(node, clients, w3):
+    """node.market.EventDecoder (the workers' and clients' fast path) against web3's
+    process_log, on every market log of this chain, from raw JSON and from web3's logs."""
+    market = clients[0].market
+    decoder = EventDecoder(market.abi)
+    head = w3.eth.block_number
+    formatted = w3.eth.get_logs({"address": MARKET, "fromBlock": 0, "toBlock": head})
+    raw = clients[0].raw_logs(0, head)
+    assert len(raw) == len(formatted) > 0
+    by_topic = {bytes.fromhex(e.topic[2:]): e for e in (getattr(market.events, a["name"])()
+                                            for a in market.abi if a["type"] == "event")}
+    names = set()
+    for raw_log, log in zip(raw, formatted, strict=True):
+        expected = by_topic[bytes(log["topics"][0])].process_log(log)
+        assert decoder.decode(raw_log) == expected
+        assert decoder.decode(log) == expected
+        names.add(expected["event"])
+    assert names == {a["name"] for a in market.abi if a["type"] == "event"}
+    transfer = dict(raw[0], topics=["0x" + "00" * 32])  # not a market event
+    assert decoder.decode(transfer) is None
