@@ -2,9 +2,10 @@
 server, and `BlobClient`, the client workers and submitters use.
 
 Bulk bytes skip every per-request framework layer: an upload is hashed and written to a
-temp file chunk by chunk as it arrives (never held in memory), a download is read from disk
-in large chunks, and the client sends an array's header and data buffer as they are and
-receives into one preallocated buffer of the announced size, hashing as it reads.
+temp file as it arrives, on threads beside the event loop (`BlobWriter`; never held in
+memory), a download is read from disk in large chunks, and the client sends an array's
+header and data buffer as they are (a large blob hashed while it is sent, its id after its
+bytes) and receives into one preallocated buffer of the announced size, hashing as it reads.
 """
 from __future__ import annotations
 
