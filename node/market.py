@@ -8,6 +8,7 @@ check on both ends.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -111,6 +112,20 @@ def _int(value) -> int:
     return int(value, 16) if isinstance(value, str) else value
 
 
+@functools.lru_cache(maxsize=4096)
+def _checksummed(address: str) -> str:
+    """EIP-55 form (a keccak each: the same few workers and the market recur)."""
+    return to_checksum_address(address)
+
+
+def _topic_value(abi_type: str, topic: bytes):
+    if abi_type.startswith("uint"):
+        return int.from_bytes(topic, "big")
+    if abi_type == "address":
+        return "0x" + topic[12:].hex()
+    return abi_decode([abi_type], topic)[0]
+
+
 class EventDecoder:
     """A contract's events decoded exactly as web3's ``process_log`` decodes them (the same
     AttributeDict), from raw JSON-RPC logs or web3-formatted ones, without web3's per-log
@@ -138,16 +153,16 @@ class EventDecoder:
         if found is None:
             return None
         name, indexed, data = found
-        values = [abi_decode([t], _bytes(topic))[0] for (_, t), topic in
+        values = [_topic_value(t, _bytes(topic)) for (_, t), topic in
                   zip(indexed, topics[1:], strict=True)]
         values += abi_decode([t for _, t in data], _bytes(log["data"]))
-        args = {arg: to_checksum_address(v) if t == "address" else v
+        args = {arg: _checksummed(v) if t == "address" else v
                 for (arg, t), v in zip(indexed + data, values, strict=True)}
         return AttributeDict({
             "args": AttributeDict(args), "event": name, "logIndex": _int(log["logIndex"]),
             "transactionIndex": _int(log["transactionIndex"]),
             "transactionHash": HexBytes(log["transactionHash"]),
-            "address": to_checksum_address(log["address"]),
+            "address": _checksummed(log["address"]),
             "blockHash": HexBytes(log["blockHash"]), "blockNumber": _int(log["blockNumber"]),
         })
 
