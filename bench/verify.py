@@ -12,7 +12,9 @@ a check is the fixed per-call work (vectors, O(n) bound arithmetic, verdict). Th
 is the float32 product (numpy sgemm / cuBLAS); for exact mode numpy's integer matmul is
 also timed where it finishes in reasonable time.
 The "read floor" row is one matrix-vector product over each of A, B and C: the memory
-traffic that any check reading every operand once must pay.
+traffic that any check reading every operand once must pay. On a GPU the exact check is
+also split into its vectors (SHAKE128 on the host and one copy to the device) and its three
+kernel launches alone (CUDA events); the rest is Python and the copy of the verdict.
 
 --clock cpu measures the process's CPU seconds (all threads) instead of wall time: on a
 machine shared with other work, wall time mostly measures the scheduler.

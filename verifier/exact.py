@@ -1,10 +1,11 @@
 """Exact mode: C = A B over the integers, checked by Freivalds modulo p = 2^61 - 1.
 
-Matrix entries stay as they are; the vectors, uniform in Z_p, are cut into w-bit limbs with
-w chosen so that every partial sum of (matrix) x (limb) is an integer of magnitude at most
-2^53 (float64 BLAS, exact) or, for very large entries or inner dimensions, 2^62 (int64):
-exact in any summation order. Limb results are reduced mod p and recombined with shifts,
-which mod a Mersenne prime are 61-bit rotations.
+Matrix entries stay as they are; the vectors, uniform in Z_p, are cut into signed w-bit
+digits with w chosen so that every partial sum of (matrix) x (digits) is an integer of
+magnitude at most 2^53 (float64 BLAS, exact) or, for very large entries or inner dimensions,
+2^62 (int64): exact in any summation order. Digit results are reduced mod p and recombined
+with shifts, which mod a Mersenne prime are 61-bit rotations. On the host C's entries are
+checked against the product's bound rather than trusted up to their dtype's (fewer digits).
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ rows that differ on the device.
 A row of M times a vector v with entries in [0, p) is summed in integers that cannot
 overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share of the row.
 * int8 rows of a length divisible by 4 ("bytes"): 8-bit limbs, four entries of M against four
-  limbs in one dp4a instruction, int32 sums (|sum| <= 32 * 4 * 128 * 255 per instruction per
-  lane: below 2^31 for rows up to 2^16 entries).
+  limbs in one dp4a instruction, int32 sums (a lane adds at most cols / 128 results of
+  magnitude at most 4 * 128 * 255 < 2^17: below 2^31 for rows up to 2^16 entries).
 * every other type ("wide"): limbs of w <= 31 bits and int64 sums, w the widest with
   cols * bound * (2^w - 1) <= 2^63 - 1 (bound: the dtype's magnitude, or for C the product's
   bound k max|A| max|B|, checked entry by entry in the kernel: a row holding a larger entry is
@@ -295,8 +295,8 @@ def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None,
 
 def device_vectors(seed: bytes, n: int, rounds: int):
     """(rounds, n) uint64 words on the device whose low 61 bits are field_vectors(seed, n,
-    rounds).T: the raw stream when no word is rejected (its low 61 bytes all ones needs 7
-    bytes 0xff in a row, which a bytes search finds at memchr speed), else the host's."""
+    rounds).T: the raw stream when no word can be rejected (low 61 bits all ones needs 7
+    bytes 0xff in a row, which one bytes search rules out), else the host's derivation."""
     import cupy
 
     raw = stream(seed, field_label(n, rounds), 8 * n * rounds)
