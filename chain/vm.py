@@ -18,10 +18,10 @@ from eth_bloom import BloomFilter
 
 from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
+from chain.flatstate import FlatAccountDB
 from chain.interpreter import FastComputation
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
 from chain.precompile import make_freivalds_precompile
-from chain.storage import BatchedAccountDB
 from chain.tries import trie_root_and_nodes
 
 # py-evm looks its block-trie builder up as a module global when it builds, validates and
@@ -110,7 +110,7 @@ def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
     )
     state = type("PoUWState", (PragueState,), {
         "computation_class": computation,
-        "account_db_class": BatchedAccountDB if fast else PragueState.account_db_class,
+        "account_db_class": FlatAccountDB if fast else PragueState.account_db_class,
         "transaction_executor_class": (PoUWTransactionExecutor if fast
                                        else PragueState.transaction_executor_class),
     })
