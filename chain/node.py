@@ -1,6 +1,8 @@
 """The chain node: admits signed transactions to a mempool and seals blocks.
 
-One lock guards the py-evm chain. A producer thread seals a block as soon as
+One lock guards the py-evm chain, another the mempool: transactions are admitted (checked
+against the head's state) while the next block is sealing. A producer thread seals a block
+as soon as
 transactions are pending (``seal_on_pending``; under load it first keeps gathering while
 more arrive, up to ``gather_s``) and at least every ``block_time`` seconds; each sealed
 block is flushed to sqlite in one transaction.
@@ -62,30 +64,34 @@ class NodeConfig:
 
 @dataclass
 class Mempool:
-    """Pending transactions by sender and nonce, in arrival order of senders."""
+    """Pending transactions by sender and nonce, in arrival order of senders. Its own lock
+    (not the chain's) guards it: admission goes on while a block is sealing."""
 
     by_sender: dict[bytes, dict[int, SignedTransactionAPI]] = field(default_factory=dict)
     by_hash: dict[bytes, SignedTransactionAPI] = field(default_factory=dict)
     committed: dict[bytes, int] = field(default_factory=dict)  # max cost of a sender's txs
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
     @staticmethod
     def max_cost(tx: SignedTransactionAPI) -> int:
         return tx.gas * tx.max_fee_per_gas + tx.value
 
     def add(self, tx: SignedTransactionAPI) -> None:
-        self.by_sender.setdefault(tx.sender, {})[tx.nonce] = tx
-        self.by_hash[tx.hash] = tx
-        self.committed[tx.sender] = self.committed.get(tx.sender, 0) + self.max_cost(tx)
+        with self.lock:
+            self.by_sender.setdefault(tx.sender, {})[tx.nonce] = tx
+            self.by_hash[tx.hash] = tx
+            self.committed[tx.sender] = self.committed.get(tx.sender, 0) + self.max_cost(tx)
 
     def remove(self, tx: SignedTransactionAPI) -> None:
-        if self.by_hash.pop(tx.hash, None) is None:
-            return
-        pending = self.by_sender[tx.sender]
-        del pending[tx.nonce]
-        self.committed[tx.sender] -= self.max_cost(tx)
-        if not pending:
-            del self.by_sender[tx.sender]
-            del self.committed[tx.sender]
+        with self.lock:
+            if self.by_hash.pop(tx.hash, None) is None:
+                return
+            pending = self.by_sender[tx.sender]
+            del pending[tx.nonce]
+            self.committed[tx.sender] -= self.max_cost(tx)
+            if not pending:
+                del self.by_sender[tx.sender]
+                del self.committed[tx.sender]
 
     def __len__(self) -> int:
         return len(self.by_hash)
@@ -107,9 +113,10 @@ class Node:
         except CanonicalHeadNotFound:
             self.chain = chain_class.from_genesis(base_db, genesis_params(), genesis_state())
             self.db.flush()
+        # lock order: the chain's lock, then the mempool's; admission takes only the latter
         self.lock = threading.RLock()
         self.mempool = Mempool()
-        self._wake = threading.Condition(self.lock)
+        self._wake = threading.Condition(self.mempool.lock)
         self._stop = False
         self._thread: threading.Thread | None = None
         self._view = None
@@ -134,7 +141,9 @@ class Node:
         return self._head.block_number
 
     def _admission_view(self):
-        """(head, state, next base fee), rebuilt once per head: admission reads it many times."""
+        """(head, state, next base fee), rebuilt once per head: admission reads it many times.
+        Under the mempool's lock only: the head's state is sealed and flushed, so reading it
+        while the next block is sealing is safe (its trie nodes are content-addressed)."""
         head = self.head()
         if self._view is None or self._view[0] is not head:
             base_fee = self.chain.create_header_from_parent(head).base_fee_per_gas
@@ -145,7 +154,7 @@ class Node:
         return self.chain.get_vm(header or self.head()).state
 
     def pending_nonce(self, address: bytes) -> int:
-        with self.lock:
+        with self.mempool.lock:
             nonce = self._admission_view()[1].get_nonce(address)
             pending = self.mempool.by_sender.get(address, {})
             while nonce in pending:
@@ -153,7 +162,7 @@ class Node:
             return nonce
 
     def next_base_fee(self) -> int:
-        with self.lock:
+        with self.mempool.lock:
             return self._admission_view()[2]
 
     def _gas_price(self, head) -> int:
@@ -187,7 +196,9 @@ class Node:
                 self._admitting -= 1
 
     def _admit(self, tx: SignedTransactionAPI) -> bytes:
-        with self.lock:
+        """Checked against the head and the pending transactions under the mempool's lock;
+        a block being sealed meanwhile moves both together (``_set_head``)."""
+        with self.mempool.lock:
             if tx.hash in self.mempool.by_hash:
                 raise TxRejected(f"already known: transaction 0x{tx.hash.hex()} is pending")
             head, state, base_fee = self._admission_view()
@@ -225,13 +236,14 @@ class Node:
     def _select(self, head_state) -> list[SignedTransactionAPI]:
         """Pending transactions with consecutive nonces, senders in arrival order."""
         selected = []
-        for sender, pending in list(self.mempool.by_sender.items()):
-            nonce = head_state.get_nonce(sender)
-            for stale in [n for n in pending if n < nonce]:
-                self.mempool.remove(pending[stale])
-            while nonce in pending and len(selected) < self.config.max_block_txs:
-                selected.append(pending[nonce])
-                nonce += 1
+        with self.mempool.lock:
+            for sender, pending in list(self.mempool.by_sender.items()):
+                nonce = head_state.get_nonce(sender)
+                for stale in [n for n in pending if n < nonce]:
+                    self.mempool.remove(pending[stale])
+                while nonce in pending and len(selected) < self.config.max_block_txs:
+                    selected.append(pending[nonce])
+                    nonce += 1
         return selected
 
     def seal(self) -> object:
@@ -272,14 +284,19 @@ class Node:
                 # validation, nor reading it back (Chain.persist_block would do both)
                 self.chain.chaindb.persist_block(sealed)
                 self.db.flush()
-                self._head = sealed.header
             except BaseException:
                 self.db.discard()
                 raise
-            for tx in included:
-                self.mempool.remove(tx)
+            self._set_head(sealed.header, included)
         self._announce(sealed, receipts)
         return sealed
+
+    def _set_head(self, header, included: list[SignedTransactionAPI]) -> None:
+        """The new head and the mempool without its transactions, together for admission."""
+        with self.mempool.lock:
+            self._head = header
+            for tx in included:
+                self.mempool.remove(tx)
 
     def _announce(self, block, receipts: list) -> None:
         """Keep a sealed block for the long polls and wake them."""
@@ -307,7 +324,7 @@ class Node:
     def _produce(self) -> None:
         last = time.monotonic()
         while True:
-            with self.lock:
+            with self.mempool.lock:
                 while not self._stop:
                     due = self.config.block_time > 0 and time.monotonic() - last >= \
                         self.config.block_time
@@ -334,7 +351,7 @@ class Node:
         self._thread.start()
 
     def stop(self) -> None:
-        with self.lock:
+        with self.mempool.lock:
             self._stop = True
             self._wake.notify_all()
         if self._thread is not None:

@@ -5,6 +5,7 @@ market contract that holds escrow and stakes, the reward pool) must equal the ge
 supply minus the burned base fees, and the market's balance must equal its escrow plus
 stakes. Rewards move value from the pool to workers, so they do not change the sum.
 """
+import threading
 import time
 
 import httpx
@@ -19,6 +20,8 @@ from chain.blobs import encode_array
 from chain.client import ChainClient, TransactionReverted
 from chain.devnet import dev_accounts
 from chain.launch import NodeProcess
+from chain.node import Node, NodeConfig, TxRejected
+from chain.params import CHAIN_ID
 from node.market import EventDecoder
 
 ETHER = 10**18
@@ -504,6 +507,42 @@ def test_long_poll_answers_equal_receipts_logs_and_gas_price(node, clients, w3):
 
     bad = httpx.get(f"{node.url}/wait", params={"block": 0, "logs": "0x12", "timeout": 0})
     assert bad.status_code == 400 and "logs must be 20 bytes" in bad.json()["error"]
+
+
+def test_admission_goes_on_while_a_block_is_sealing(tmp_path):
+    """Admission takes the mempool's lock, not the chain's: while the chain's lock is held
+    (as a seal holds it) transactions are still admitted or refused against the head, and
+    the next block includes what was admitted."""
+    node = Node(NodeConfig(tmp_path / "node", block_time=0, seal_on_pending=False,
+                           decode_process=False))
+    alice = dev_accounts(1)[0]
+    raws = [bytes(alice.sign_transaction({
+        "to": POOL, "value": 1, "gas": 21_000, "maxFeePerGas": 10**11,
+        "maxPriorityFeePerGas": 1, "nonce": nonce, "chainId": CHAIN_ID, "type": 2,
+    }).raw_transaction) for nonce in range(3)]
+    outcomes = {}
+
+    def admit(i):
+        try:
+            outcomes[i] = node.admit(raws[i])
+        except TxRejected as exc:
+            outcomes[i] = exc
+
+    try:
+        node.admit(raws[0])
+        node.seal()
+        with node.lock:
+            threads = [threading.Thread(target=admit, args=(i,)) for i in (1, 0, 2)]
+            for thread in threads:
+                thread.start()
+                thread.join(30)
+                assert not thread.is_alive(), "admission waited for the chain's lock"
+        assert "nonce too low" in str(outcomes[0])
+        block = node.seal()
+        assert [tx.hash for tx in block.transactions] == [outcomes[1], outcomes[2]]
+        assert len(node.mempool) == 0
+    finally:
+        node.stop()
 
 
 # --- blob endpoints ------------------------------------------------------------------------
