@@ -1,12 +1,28 @@
 """The needle-net VM: py-evm's Prague rules plus the Freivalds precompile and PoUW rewards."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import eth.db.chain
 import eth.vm.base
 from eth._utils.address import generate_contract_address
-from eth.abc import BlockAPI, BlockHeaderAPI, MessageAPI, ReceiptAPI, SignedTransactionAPI
+from eth.abc import (
+    BlockAPI,
+    BlockHeaderAPI,
+    ComputationAPI,
+    MessageAPI,
+    ReceiptAPI,
+    SignedTransactionAPI,
+    StateAPI,
+)
 from eth.chains.base import Chain
 from eth.constants import CREATE_CONTRACT_ADDRESS
+from eth.rlp.logs import Log
+from eth.rlp.receipts import Receipt
+from eth.vm.forks.byzantium.constants import (
+    EIP658_TRANSACTION_STATUS_CODE_FAILURE,
+    EIP658_TRANSACTION_STATUS_CODE_SUCCESS,
+)
 from eth.vm.forks.cancun.constants import BLOB_TX_TYPE
 from eth.vm.forks.prague import PragueVM
 from eth.vm.forks.prague.blocks import PragueBlock
@@ -14,7 +30,7 @@ from eth.vm.forks.prague.computation import PragueComputation
 from eth.vm.forks.prague.constants import DEPOSIT_REQUEST_TYPE
 from eth.vm.forks.prague.state import PragueState, PragueTransactionExecutor
 from eth.vm.message import Message
-from eth_bloom import BloomFilter
+from eth_hash.auto import keccak
 
 from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
@@ -64,13 +80,53 @@ class PoUWVMBase(PragueVM):
         """Byzantium's, with the new header built from the old one's fields: rlp's ``copy``
         deep-copies all 21 of them, for every transaction of the block."""
         fields = old_header.as_dict()
-        fields.update(bloom=int(BloomFilter(old_header.bloom) | receipt.bloom),
-                      gas_used=receipt.gas_used)
+        fields.update(bloom=old_header.bloom | receipt.bloom, gas_used=receipt.gas_used)
         return type(old_header)(**fields)
 
     def process_deposit_request_data(self, block: BlockAPI) -> None:
         """No deposit contract exists on this chain: an empty deposit list, no receipt scan."""
         block.block_requests.append(DEPOSIT_REQUEST_TYPE)
+
+
+def logs_bloom(log_entries: Sequence[tuple[bytes, Sequence[int], bytes]]) -> int:
+    """The yellow paper's 2048-bit log bloom (M3:2048 over each log's address and topics),
+    eth_bloom's result without its per-bit function calls."""
+    bloom = 0
+    for address, topics, _ in log_entries:
+        for item in (address, *[topic.to_bytes(32, "big") for topic in topics]):
+            digest = keccak(item)
+            for i in (0, 2, 4):
+                bloom |= 1 << (((digest[i] << 8) | digest[i + 1]) & 2047)
+    return bloom
+
+
+class PoUWFastVM(PoUWVMBase):
+    """The VM of the fast path: receipts built with ``logs_bloom`` and not re-checked."""
+
+    def apply_transaction(self, header: BlockHeaderAPI, transaction: SignedTransactionAPI
+                          ) -> tuple[ReceiptAPI, ComputationAPI]:
+        """py-evm's, less ``validate_receipt``: the receipt was made from the computation's
+        logs one line before (bloom from the same logs, status one of the two codes)."""
+        self.validate_transaction_against_header(header, transaction)
+        self.state.lock_changes()  # the transaction's changes start un-revertable
+        computation = self.state.apply_transaction(transaction)
+        return self.make_receipt(header, transaction, computation, self.state), computation
+
+    @classmethod
+    def make_receipt(cls, base_header: BlockHeaderAPI, transaction: SignedTransactionAPI,
+                     computation: ComputationAPI, state: StateAPI) -> ReceiptAPI:
+        """Byzantium's receipt (EIP-658 status, cumulative gas, logs; EIP-2718 type)."""
+        entries = computation.get_log_entries()
+        receipt = Receipt(
+            state_root=(EIP658_TRANSACTION_STATUS_CODE_FAILURE if computation.is_error
+                        else EIP658_TRANSACTION_STATUS_CODE_SUCCESS),
+            gas_used=base_header.gas_used + cls.finalize_gas_used(transaction, computation),
+            logs=[Log(address, topics, data) for address, topics, data in entries],
+            bloom=logs_bloom(entries))
+        type_id = getattr(transaction, "type_id", None)
+        if type_id is None:
+            return receipt
+        return cls.get_receipt_builder().typed_receipt_class(type_id, receipt)
 
 
 class PoUWTransactionExecutor(PragueTransactionExecutor):
@@ -114,7 +170,7 @@ def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
         "transaction_executor_class": (PoUWTransactionExecutor if fast
                                        else PragueState.transaction_executor_class),
     })
-    vm = type("PoUWVM", (PoUWVMBase,), {"_state_class": state})
+    vm = type("PoUWVM", (PoUWFastVM if fast else PoUWVMBase,), {"_state_class": state})
     return Chain.configure(
         __name__="NeedleNetChain", vm_configuration=((0, vm),), chain_id=CHAIN_ID
     )

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 from eth._utils.address import generate_contract_address
 from eth.db.atomic import AtomicDB
+from eth.rlp.logs import Log
 from eth.vm import opcode_values
 from eth.vm.code_stream import CodeStream
 from eth.vm.forks.byzantium import ByzantiumVM
 from eth.vm.spoof import SpoofTransaction
+from eth_bloom import BloomFilter
 from eth_hash.auto import keccak
 from eth_utils import to_canonical_address
 from web3 import Web3
@@ -29,7 +31,7 @@ from chain.genesis import genesis_params, genesis_state
 from chain.interpreter import jump_destinations
 from chain.node import Node, NodeConfig
 from chain.params import CHAIN_ID, MARKET_ADDRESS, REWARD_POOL_ADDRESS
-from chain.vm import build_chain_class
+from chain.vm import build_chain_class, logs_bloom
 
 MARKET = Web3().eth.contract(address=Web3.to_checksum_address(MARKET_ADDRESS),
                              abi=compiled_market()["abi"])
@@ -433,3 +435,14 @@ def test_jump_destinations_match_py_evm():
         expected = {pc for pc in range(len(code))
                     if code[pc] == 0x5B and stream.is_valid_opcode(pc)}
         assert jump_destinations(code) == expected
+
+
+def test_logs_bloom_matches_eth_bloom():
+    rng = np.random.default_rng(6)
+    for _ in range(200):
+        entries = [(rng.bytes(20), [int.from_bytes(rng.bytes(32), "big") >> int(rng.integers(256))
+                                    for _ in range(rng.integers(5))], b"")
+                   for _ in range(rng.integers(4))]
+        expected = BloomFilter.from_iterable(
+            item for log in (Log(*entry) for entry in entries) for item in log.bloomables)
+        assert logs_bloom(entries) == int(expected)

@@ -11,11 +11,14 @@ from eth.constants import BLANK_ROOT_HASH
 from eth.db.account import AccountDB
 from eth.db.atomic import AtomicDB
 from eth.rlp.accounts import Account
+from eth.rlp.logs import Log
+from eth.rlp.receipts import Receipt
+from eth.vm.forks.prague import PragueVM
 from eth_hash.auto import keccak
 from trie import HexaryTrie
 
 from chain.storage import BatchedAccountDB, encode_account
-from chain.tries import MissingNode, encode_node, trie_get, update_trie
+from chain.tries import MissingNode, encode_node, encode_receipt, trie_get, update_trie
 
 
 def test_encode_node_is_rlp():
@@ -44,6 +47,19 @@ def random_batch(rng: random.Random, present: dict, new_key, size: int) -> dict:
         else:
             changes[new_key()] = os.urandom(rng.choice([1, 5, 40]))
     return changes
+
+
+def test_encode_receipt_is_receipt_encode():
+    rng = random.Random(4)
+    typed = PragueVM.get_receipt_builder().typed_receipt_class
+    for i in range(300):
+        logs = [Log(rng.randbytes(20), [rng.choice([0, 1, 2**256 - 1, rng.getrandbits(256)])
+                                        for _ in range(rng.randrange(5))],
+                    rng.randbytes(rng.choice([0, 1, 31, 55, 56, 300])))
+                for _ in range(rng.choice([0, 0, 1, 2, 7]))]
+        inner = Receipt(rng.choice([b"", b"\x01"]), rng.choice([0, 1, 21_000, 2**63]), logs)
+        receipt = inner if i % 5 == 0 else typed(1 + i % 4, inner)
+        assert encode_receipt(receipt) == receipt.encode()
 
 
 def test_encode_account_is_rlp():
