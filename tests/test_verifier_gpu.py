@@ -233,3 +233,111 @@ def test_exact_gpu_rejects_entries_above_the_product_bound():
                         seed=seed)
         assert not result.passed and result.worst_excess == 2 and "first row 5" in result.reason
         assert result == verify(A, B, C, precision="exact", seed=seed)  # host: differ mod p
+
+
+def _host_worst(A, B, C, rounds, precision="fp32"):
+    """The host's float32 evaluation: (worst excess, its row)."""
+    from verifier.floating import worst_per_row
+    from verifier.rng import sign_vectors
+
+    row_excess = worst_per_row(np, A, B, C, sign_vectors(SEED, B.shape[1], rounds), precision,
+                               np.float32)
+    return float(row_excess.max()), int(row_excess.argmax())
+
+
+@pytest.mark.parametrize("rounds", [1, 3, 16, 64])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (130, 300, 64), (77, 129, 33), (257, 512, 1000)])
+def test_fused_float_kernels_find_the_host_worst_row(rounds, m, k, n):
+    """The three fused kernels (16-byte loads where rows allow, scalar loads otherwise)
+    against the host's evaluation: same worst row when one stands out, same excess up to
+    float32 summation order."""
+    from verifier import gpu_float
+    from verifier.floating import bound_terms
+    from verifier.rng import Signs
+
+    rng = np.random.default_rng(m * rounds)
+    A = rng.standard_normal((m, k), dtype=np.float32)
+    B = rng.standard_normal((k, n), dtype=np.float32)
+    C = (A.astype(np.float64) @ B).astype(np.float32)
+    signs = Signs(SEED, n, rounds)
+    terms = bound_terms(n, k, "fp32", np.float32)
+    _, tau = residual_and_bound_host(A, B, C, signs.matrix)
+    for wrong_row, size in ((None, 0), (m - 1, 50), (m // 3, 100)):  # the last one stands out
+        if wrong_row is not None:
+            C = C.copy()
+            C[wrong_row, n // 2] += np.float32(size * tau.max())
+        host_worst, host_row = _host_worst(A, B, C, rounds)
+        found = gpu_float.worst_row(*(cupy.asarray(M) for M in (A, B, C)), signs.bits, rounds,
+                                    terms)
+        assert found is not None
+        assert abs(found[0] - host_worst) <= 1e-2 * tau.min()
+        if wrong_row is not None:
+            assert found[1] == (host_row,) == (wrong_row,)
+
+
+def residual_and_bound_host(A, B, C, R):
+    from verifier.floating import residual_and_bound
+
+    return residual_and_bound(np, A, B, C, R, "fp32")
+
+
+@pytest.mark.parametrize("n", [40, 37])
+def test_float_verdicts_at_the_bound_equal_the_host_verdicts(n):
+    """Integer-valued bf16-class data, every sum exact in float32 on both sides: a wrong
+    entry of size round(tau) -+ 1 (about 0.1% inside or outside the bound) passes or fails
+    on the GPU exactly as on the host, with the same excess and row."""
+    from verifier.floating import residual_and_bound
+    from verifier.rng import sign_vectors
+
+    rng = np.random.default_rng(n)
+    m, k = 48, 64
+    A = rng.integers(-8, 9, (m, k)).astype(np.float32)
+    B = rng.integers(-8, 9, (k, n)).astype(np.float32)
+    C = (A.astype(np.int64) @ B.astype(np.int64)).astype(np.float32)  # exact
+    _, tau = residual_and_bound(np, A, B, C, sign_vectors(SEED, n, 2), "bf16")
+    assert 100 < tau.min()  # wrong entries stay far below 2^24 / n: exact sums
+    outcomes = set()
+    for row, col in [(5, 3), (20, n - 1), (47, 0)]:
+        for step in (-1, 1):
+            wrong = C.copy()
+            wrong[row, col] += np.float32(np.round(tau[row]) + step)
+            host = verify(A, B, wrong, precision="bf16", rounds=2, seed=SEED)
+            gpu = verify(*(cupy.asarray(M) for M in (A, B, wrong)), precision="bf16", rounds=2,
+                         seed=SEED)
+            assert 0.4 < abs(host.worst_excess) < 1.6  # borderline: within 2 of ~1000
+            assert gpu.passed == host.passed and abs(gpu.worst_excess - host.worst_excess) < 1e-2
+            if not host.passed:
+                assert gpu.reason.split(" exceeds")[0] == host.reason.split(" exceeds")[0]
+            outcomes.add(host.passed)
+    assert outcomes == {True, False}
+
+
+def test_misaligned_and_strided_device_matrices_get_the_host_verdicts():
+    """Rows that do not start 16-byte aligned take scalar loads; strided ones a copy."""
+    rng = np.random.default_rng(9)
+    A = rng.standard_normal((96, 128), dtype=np.float32)
+    B = rng.standard_normal((128, 64), dtype=np.float32)
+    C = A @ B
+    flat = cupy.zeros(C.size + 1, np.float32)
+    dC = flat[1:].reshape(C.shape)  # contiguous, 4 bytes past a 16-byte boundary
+    dC[...] = cupy.asarray(C)
+    dA = cupy.asarray(A.T.copy()).T  # column-major
+    assert verify(dA, cupy.asarray(B), dC, seed=SEED).passed
+    dC[40, 2] += 1.0
+    C[40, 2] += 1.0
+    gpu, host = verify(dA, cupy.asarray(B), dC, seed=SEED), verify(A, B, C, seed=SEED)
+    assert not gpu.passed and not host.passed
+    assert "row 40 " in gpu.reason and "row 40 " in host.reason
+
+
+@pytest.mark.parametrize("name", ["A", "B", "C"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_on_the_gpu_name_the_matrix_as_on_the_host(name, value):
+    rng = np.random.default_rng(10)
+    mats = {"A": rng.standard_normal((64, 80), dtype=np.float32),
+            "B": rng.standard_normal((80, 48), dtype=np.float32)}
+    mats["C"] = mats["A"] @ mats["B"]
+    mats[name][7, 5] = value
+    host = verify(mats["A"], mats["B"], mats["C"], seed=SEED)
+    gpu = verify(*(cupy.asarray(mats[x]) for x in "ABC"), seed=SEED)
+    assert gpu == host and not gpu.passed and gpu.reason == f"NaN or Inf in {name}"

@@ -9,7 +9,7 @@ import numpy as np
 from verifier import exact, floating, gpu_exact
 from verifier.arrays import as_array, module_of
 from verifier.result import VerifyResult
-from verifier.rng import P, as_seed, derive_seed, field_vectors, sign_vectors
+from verifier.rng import P, Signs, as_seed, derive_seed, field_vectors
 
 PRECISIONS = ("fp32", "tf32", "bf16", "exact")
 DEFAULT_ROUNDS = {"exact": 1, "fp32": 16, "tf32": 16, "bf16": 16}
@@ -106,7 +106,7 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision) -> VerifyRe
     if k >= floating.MAX_INNER:
         raise ValueError(f"inner dimension k={k} too large for a float32 error bound "
                          f"(at most {floating.MAX_INNER - 1})")
-    R = sign_vectors(seed, n, rounds)
+    signs = Signs(seed, n, rounds)
     if batch and A.shape[-2] * k + k * n + C.shape[-2] * n <= SMALL_ELEMENT:
         parts = [((), xp.broadcast_to(A, (*batch, *A.shape[-2:])),
                   xp.broadcast_to(B, (*batch, *B.shape[-2:])), C)]  # one stacked check
@@ -114,7 +114,7 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision) -> VerifyRe
         parts = _elements(xp, A, B, C, batch)
     worst, reason = -float("inf"), "ok"
     for index, a, b, c in parts:
-        excess, where, bad = floating.check(xp, a, b, c, R, precision)
+        excess, where, bad = floating.check(xp, a, b, c, signs, precision)
         if bad is not None:
             worst, reason = excess, bad + (f" (batch element {index})" if index else "")
             break

@@ -13,10 +13,12 @@ the computed |C r - A (B r)|_i <= tau_i = SAFETY (H_i + delta_i).
 from __future__ import annotations
 
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 
 from verifier.arrays import products
+from verifier.rng import Signs
 
 U_ACC = 2.0**-23  # per operation of the product's accumulation: 2x fp32 round-to-nearest,
 U_OUT = 2.0**-23  # so truncating (tensor-core) hardware is covered; C's own final rounding
@@ -31,26 +33,71 @@ def gamma(length: int, unit: float) -> float:
     return length * unit / (1.0 - length * unit)
 
 
-def check(xp: ModuleType, A, B, C, R, precision: str) -> tuple[float, tuple, str | None]:
+class Terms(NamedTuple):
+    """The scalars of tau for one shape and class, shared by the host and GPU evaluations:
+    s = (s_hat + eta_n) / one_minus_g_n, weights = up(w_t s + w_rho),
+    a_term = (a_hat + eta_k) / one_minus_g_k, c = (c_hat + eta_n) / one_minus_g_n,
+    tau = safety (a_term + g_n c + (coef_s sum(s) + const0 + eta_n + eta_k))."""
+
+    eta_n: float
+    one_minus_g_n: float
+    w_t: float
+    w_rho: float
+    eta_k: float
+    one_minus_g_k: float
+    g_n: float
+    coef_s: float
+    const0: float
+    safety: float
+
+
+def bound_terms(n: int, k: int, precision: str, dtype) -> Terms:
+    ue, tiny_e = charged_unit(n, k, dtype)
+    g_n, g_k, eta_n, eta_k = gamma(n, ue), gamma(k, ue), 4 * n * tiny_e, 4 * k * tiny_e
+    f = (1 + U_OUT) * (1 + gamma(k, U_ACC))
+    u_in = U_IN[precision]
+    # tau_i = sum_l |A_il| (w_t s_l + w_rho) + g_n c_i + constant: H_i + delta_i regrouped
+    w_t = f * (1 + u_in) ** 2 - 1 + g_n + g_k * (1 + g_n)
+    w_rho = f * (1 + u_in) * TINY * n + (1 + g_k) * eta_n
+    return Terms(eta_n, 1 - g_n, w_t, w_rho, eta_k, 1 - g_k, g_n, f * (1 + u_in) * TINY,
+                 n * (10 * k + 2) * TINY, SAFETY)
+
+
+def check(xp: ModuleType, A, B, C, signs: Signs, precision: str
+          ) -> tuple[float, tuple, str | None]:
     """(worst excess over rows and rounds, (batch..., row) where it occurs, None), or
     (inf, (), reason) for NaN/Inf. A, B, C share their leading batch dimensions.
 
-    Evaluated in float32 (host: one BLAS pass per matrix; device: the fused kernel), with no
-    float64 copy of any matrix; in float64 when k or n is too large for that, for stacks on
-    a device (cuBLAS, which a global math mode may switch to tf32) and when the float32
-    evaluation overflows.
+    Evaluated in float32 (host: one BLAS pass per matrix; device: three fused kernels that
+    also evaluate tau and find the worst row, verifier/gpu_float.py), with no float64 copy
+    of any matrix; in float64 when k or n is too large for that, for stacks on a device
+    (cuBLAS, which a global math mode may switch to tf32) and when the float32 evaluation
+    overflows.
     """
-    fast = float32_possible(B.shape[-1], A.shape[-1]) and (xp is np or A.ndim == 2)
+    k, n = A.shape[-1], B.shape[-1]
+    fast = float32_possible(n, k) and (xp is np or A.ndim == 2)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected, not warned
-        row_excess = worst_per_row(xp, A, B, C, R, precision, np.float32 if fast else np.float64)
-        if not np.isfinite(row_excess).all():
+        if fast and xp is not np:
+            from verifier import gpu_float
+
+            found = gpu_float.worst_row(A, B, C, signs.bits, signs.rounds,
+                                        bound_terms(n, k, precision, np.float32))
+        else:
+            row_excess = worst_per_row(xp, A, B, C, signs.matrix, precision,
+                                       np.float32 if fast else np.float64)
+            found = _worst(row_excess) if np.isfinite(row_excess).all() else None
+        if found is None:
             bad = [name for name, M in (("A", A), ("B", B), ("C", C))
                    if not bool(xp.isfinite(M).all())]
             if bad:
                 return float("inf"), (), f"NaN or Inf in {' and '.join(bad)}"
-            row_excess = worst_per_row(xp, A, B, C, R, precision, np.float64)
+            found = _worst(worst_per_row(xp, A, B, C, signs.matrix, precision, np.float64))
+    return found[0], found[1], None
+
+
+def _worst(row_excess: np.ndarray) -> tuple[float, tuple]:
     where = np.unravel_index(int(np.argmax(row_excess)), row_excess.shape)
-    return float(row_excess[where]), tuple(int(i) for i in where), None
+    return float(row_excess[where]), tuple(int(i) for i in where)
 
 
 def worst_per_row(xp: ModuleType, A, B, C, R, precision: str, dtype) -> np.ndarray:
@@ -85,25 +132,16 @@ def residual_and_bound(xp: ModuleType, A, B, C, R, precision: str, dtype=np.floa
     evaluated in dtype. A, B, C are single matrices or share their leading batch
     dimensions. Some entries are not finite when an input holds NaN/Inf or the evaluation
     overflowed."""
-    m, k = A.shape[-2:]
     n = B.shape[-1]
-    ue, tiny_e = charged_unit(n, k, dtype)
-    g_n, g_k, eta_n, eta_k = gamma(n, ue), gamma(k, ue), 4 * n * tiny_e, 4 * k * tiny_e
-    f = (1 + U_OUT) * (1 + gamma(k, U_ACC))
-    u_in = U_IN[precision]
-    # tau_i = sum_l |A_il| (w_t s_l + w_rho) + g_n c_i + constant: H_i + delta_i regrouped
-    w_t = f * (1 + u_in) ** 2 - 1 + g_n + g_k * (1 + g_n)
-    w_rho = f * (1 + u_in) * TINY * n + (1 + g_k) * eta_n
-
+    t = bound_terms(n, A.shape[-1], precision, dtype)
     R = xp.asarray(R, dtype=dtype)
     X, s_hat = products(xp, B, R, xp.ones(n, dtype), dtype)
     Z, c_hat = products(xp, C, R, xp.ones(n, dtype), dtype)
-    s = (s_hat.astype(np.float64) + eta_n) / (1 - g_n)  # upper bound on |B| 1
-    weights = up(xp, w_t * s + w_rho, dtype)
+    s = (s_hat.astype(np.float64) + t.eta_n) / t.one_minus_g_n  # upper bound on |B| 1
+    weights = up(xp, t.w_t * s + t.w_rho, dtype)
     Y, a_hat = products(xp, A, X, weights, dtype)
-    a_term = (a_hat.astype(np.float64) + eta_k) / (1 - g_k)
-    c = (c_hat.astype(np.float64) + eta_n) / (1 - g_n)
-    constant = (f * (1 + u_in) * TINY * s.sum(axis=-1, keepdims=True)
-                + n * (10 * k + 2) * TINY + eta_n + eta_k)
-    tau = SAFETY * (a_term + g_n * c + constant)
+    a_term = (a_hat.astype(np.float64) + t.eta_k) / t.one_minus_g_k
+    c = (c_hat.astype(np.float64) + t.eta_n) / t.one_minus_g_n
+    constant = t.coef_s * s.sum(axis=-1, keepdims=True) + t.const0 + t.eta_n + t.eta_k
+    tau = t.safety * (a_term + t.g_n * c + constant)
     return xp.abs(Z.astype(np.float64) - Y.astype(np.float64)), tau

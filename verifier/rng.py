@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from functools import cached_property
 
 import numpy as np
 
@@ -44,13 +45,27 @@ def derive_seed(seed: bytes, label: bytes) -> bytes:
     return stream(seed, b"child:" + label, 32)
 
 
+class Signs:
+    """The +-1 vectors of a float check: the stream's bits, which a GPU kernel expands
+    itself, and (made on first use) the (n, rounds) float32 matrix R."""
+
+    def __init__(self, seed: bytes, n: int, rounds: int) -> None:
+        self.n, self.rounds = n, rounds
+        label = b"sign:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
+        self.bits = stream(seed, label, -(-n * rounds // 8))
+
+    @cached_property
+    def matrix(self) -> np.ndarray:
+        """Bit t of the stream (most significant bit of each byte first) gives entry
+        (t % n, t // n), 0 -> +1 and 1 -> -1."""
+        bits = np.unpackbits(np.frombuffer(self.bits, np.uint8))[: self.n * self.rounds]
+        signs = 1.0 - 2.0 * bits.astype(np.float32)
+        return signs.reshape(self.rounds, self.n).T.copy()
+
+
 def sign_vectors(seed: bytes, n: int, rounds: int) -> np.ndarray:
-    """(n, rounds) float32 matrix of +-1: bit t of the stream (most significant bit of each
-    byte first) gives entry (t % n, t // n), 0 -> +1 and 1 -> -1."""
-    label = b"sign:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
-    bits = np.unpackbits(np.frombuffer(stream(seed, label, -(-n * rounds // 8)), np.uint8))
-    signs = 1.0 - 2.0 * bits[: n * rounds].astype(np.float32)
-    return signs.reshape(rounds, n).T.copy()
+    """(n, rounds) float32 matrix of +-1: Signs(seed, n, rounds).matrix."""
+    return Signs(seed, n, rounds).matrix
 
 
 def field_label(n: int, rounds: int) -> bytes:
