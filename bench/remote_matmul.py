@@ -107,7 +107,8 @@ def main() -> None:
         if "latency" in args.parts:
             latency(client, rng, args.sizes, raw)
         if "overhead" in args.parts:
-            overhead(client, rng)
+            overhead(client, rng, {"node": net.chain.pid, "client": os.getpid(),
+                                   **{f"worker{w.index}": w.process.pid for w in net.workers}})
             if args.timeline:
                 roles = {os.getpid(): "client", net.chain.pid: "node",
                          **{w.process.pid: f"worker{w.index}" for w in net.workers}}
@@ -144,11 +145,18 @@ def latency(client: JobClient, rng, sizes: list[int], raw: float) -> None:
               f"{size / down / raw:>11.2f}")
 
 
-def overhead(client: JobClient, rng) -> None:
-    print("\n== fixed overhead per job, by stage (8x8 operands; mean of 10 jobs, ms)")
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def overhead(client: JobClient, rng, pids: dict[str, int], jobs: int = 20) -> None:
+    print(f"\n== fixed overhead per job, by stage (8x8 operands; mean of {jobs} jobs, ms)")
     stages = ("uploaded", "submitted", "committed", "verified", "paid")
     spans = []
-    for _ in range(10):
+    cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    for _ in range(jobs):
         a = rng.standard_normal((8, 8)).astype(np.float32)
         [job] = client.submit([(a, a)])
         client.wait([job])
@@ -161,6 +169,10 @@ def overhead(client: JobClient, rng) -> None:
     for label, ms in zip(labels, mean, strict=True):
         print(f"  {label:<28} {ms:8.1f}")
     print(f"  {'total':<28} {mean.sum():8.1f}")
+    used = {name: (cpu_seconds(pid) - cpu[name]) / jobs * 1000 for name, pid in pids.items()}
+    print("  CPU time per job (ms; the work on the path, whatever the machine's load): " +
+          ", ".join(f"{name} {ms:.1f}" for name, ms in used.items()) +
+          f"; all {sum(used.values()):.1f}")
 
 
 def transaction(client: JobClient) -> None:
