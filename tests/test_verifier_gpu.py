@@ -341,3 +341,25 @@ def test_nan_and_inf_on_the_gpu_name_the_matrix_as_on_the_host(name, value):
     host = verify(mats["A"], mats["B"], mats["C"], seed=SEED)
     gpu = verify(*(cupy.asarray(mats[x]) for x in "ABC"), seed=SEED)
     assert gpu == host and not gpu.passed and gpu.reason == f"NaN or Inf in {name}"
+
+
+@pytest.mark.parametrize("dtype, offset", [(np.int8, 4), (np.int8, 1), (np.int32, 1),
+                                           (np.int8, 16)])
+def test_fused_residues_of_rows_at_any_alignment(dtype, offset):
+    """Rows starting 16-byte aligned take 16-byte loads, others 4-byte words (int8 rows at a
+    4-byte boundary) or single entries: the same residues either way."""
+    from verifier import gpu_exact
+
+    rng = np.random.default_rng(offset)
+    rows, cols = 33, 2048
+    info = np.iinfo(dtype)
+    M = rng.integers(info.min, info.max, (rows, cols), dtype=dtype, endpoint=True)
+    flat = cupy.zeros(rows * cols + offset, dtype)
+    dM = flat[offset:].reshape(rows, cols)
+    dM[...] = cupy.asarray(M)
+    words = rng.integers(0, 2**64, (2, cols), dtype=np.uint64, endpoint=False)
+    out = cupy.empty((rows, 2), np.uint64)
+    gpu_exact.residues(dM, cupy.asarray(words), 1, cols, 2, max(-int(info.min), int(info.max)),
+                       None, out, cupy.empty(2, np.int64))
+    expected = _mod_p_reference(M, (words & np.uint64(gpu_exact.P)).T)
+    np.testing.assert_array_equal(cupy.asnumpy(out), expected)

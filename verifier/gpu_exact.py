@@ -21,7 +21,8 @@ their low 61 bits. That is field_vectors itself unless a word's low 61 bits are 
 """
 from __future__ import annotations
 
-from functools import cache
+import threading
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -38,10 +39,12 @@ class Launch(NamedTuple):
     tile_bytes: int  # shared memory for the limbs of one tile of V
 
 
-# the fastest of 81 (warps 4/8/16, unroll 2/4/8, rows 1/2/4, tiles of 8/16/32 KiB) summed
-# over n = 4096 and 8192, H100, bench/verify.py's int8/int32 operands; a 32 KiB tile holds a
-# 4096-long vector's 8 byte limbs whole, so a block fills its tile once
-LAUNCH = {"bytes": Launch(16, 4, 2, 32 * 1024), "wide": Launch(16, 8, 2, 32 * 1024)}
+# by inner loop and words per load (4: 16-byte loads). One-word loads: the fastest of 81
+# (warps 4/8/16, unroll 2/4/8, rows 1/2/4, tiles of 8/16/32 KiB) summed over n = 4096 and
+# 8192, H100, bench/verify.py's int8/int32 operands; a 32 KiB tile holds a 4096-long
+# vector's 8 byte limbs whole, so a block fills its tile once
+LAUNCH = {("bytes", 1): Launch(16, 4, 2, 32 * 1024), ("wide", 1): Launch(16, 8, 2, 32 * 1024),
+          ("bytes", 4): Launch(16, 2, 2, 32 * 1024), ("wide", 4): Launch(16, 2, 2, 32 * 1024)}
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
 MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
 WIDE_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
@@ -49,6 +52,7 @@ C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
            "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
            "int64": "long long"}
 REGISTER_TYPES = {"uint32": "unsigned int", "int64": "long long"}  # else int
+_WORKSPACE_IN_USE = threading.Lock()  # one check at a time per workspace (host threads)
 
 SOURCE = r"""
 typedef unsigned long long u64;
@@ -76,7 +80,7 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
                                     const u64* __restrict__ Z, long long* __restrict__ verdict,
                                     long long rows, long long cols, long long limit, int compare,
                                     int init) {
-    __shared__ unsigned int tile[VX_K * VX_L * VX_TILE];
+    __shared__ __align__(16) unsigned int tile[VX_K * VX_L * VX_TILE];
     const int lane = threadIdx.x & 31;
     const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long first = warp * VX_RPW;
@@ -139,48 +143,65 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
 #endif
         }
         __syncthreads();
-        for (int j = lane; j < width; j += 32 * VX_UNROLL) {
+        for (int j = VX_VEC * lane; j < width; j += 32 * VX_VEC * VX_UNROLL) {
 #if VX_BYTES
-            int m[VX_UNROLL][VX_RPW];
+            int m[VX_UNROLL][VX_RPW][VX_VEC];
 #else
-            VX_R m[VX_UNROLL][VX_RPW];  // 32 bits where they hold M: 32 x 32 -> 64-bit products
+            VX_R m[VX_UNROLL][VX_RPW][VX_VEC];  // 32 bits where they hold M: 32 x 32 -> 64 bits
 #endif
             #pragma unroll
             for (int u = 0; u < VX_UNROLL; ++u) {
-                const int jj = j + 32 * u;
+                const int jj = j + 32 * VX_VEC * u;
                 #pragma unroll
                 for (int r = 0; r < VX_RPW; ++r) {
-#if VX_BYTES
-                    m[u][r] = jj < width && first + r < rows
-                              ? Mw[(first + r) * words + j0 + jj] : 0;
+                    const bool inside = jj < width && first + r < rows;
+#if VX_VEC == 4  // 16-byte loads of 4 words (4-byte entries, or 4 int8 entries each)
+                    const int4* row4 = reinterpret_cast<const int4*>(M) + (first + r) * (words / 4);
+                    const int4 t = inside ? __ldg(row4 + (j0 + jj) / 4) : make_int4(0, 0, 0, 0);
+                    m[u][r][0] = t.x;
+                    m[u][r][1] = t.y;
+                    m[u][r][2] = t.z;
+                    m[u][r][3] = t.w;
+#elif VX_BYTES
+                    m[u][r][0] = inside ? Mw[(first + r) * words + j0 + jj] : 0;
 #else
-                    m[u][r] = jj < width && first + r < rows
-                              ? (VX_R)M[(first + r) * words + j0 + jj] : 0;
+                    m[u][r][0] = inside ? (VX_R)M[(first + r) * words + j0 + jj] : 0;
 #endif
                 }
             }
             #pragma unroll
             for (int u = 0; u < VX_UNROLL; ++u) {
-                const int jj = j + 32 * u;
+                const int jj = j + 32 * VX_VEC * u;
                 if (jj < width) {
 #if !VX_BYTES && VX_CHECK
                     #pragma unroll
-                    for (int r = 0; r < VX_RPW; ++r)
-                        bad[r] |= m[u][r] > limit || m[u][r] < -limit;
+                    for (int e = 0; e < VX_VEC; ++e)
+                        #pragma unroll
+                        for (int r = 0; r < VX_RPW; ++r)
+                            bad[r] |= m[u][r][e] > limit || m[u][r][e] < -limit;
 #endif
                     #pragma unroll
                     for (int q = 0; q < VX_K; ++q) {
                         #pragma unroll
                         for (int l = 0; l < VX_L; ++l) {
-                            const unsigned int w = tile[(q * VX_L + l) * VX_TILE + jj];
-                            #pragma unroll
-                            for (int r = 0; r < VX_RPW; ++r) {
-#if VX_BYTES
-                                asm("dp4a.s32.u32 %0, %1, %2, %0;"
-                                    : "+r"(acc[r][q][l]) : "r"(m[u][r]), "r"(w));
+                            const unsigned int* at = tile + (q * VX_L + l) * VX_TILE + jj;
+#if VX_VEC == 4  // one conflict-free 16-byte shared load
+                            const uint4 w4 = *reinterpret_cast<const uint4*>(at);
+                            const unsigned int w[4] = {w4.x, w4.y, w4.z, w4.w};
 #else
-                                acc[r][q][l] += (long long)m[u][r] * (long long)(VX_R)w;
+                            const unsigned int w[1] = {at[0]};
 #endif
+                            #pragma unroll
+                            for (int e = 0; e < VX_VEC; ++e) {
+                                #pragma unroll
+                                for (int r = 0; r < VX_RPW; ++r) {
+#if VX_BYTES
+                                    asm("dp4a.s32.u32 %0, %1, %2, %0;"
+                                        : "+r"(acc[r][q][l]) : "r"(m[u][r][e]), "r"(w[e]));
+#else
+                                    acc[r][q][l] += (long long)m[u][r][e] * (long long)(VX_R)w[e];
+#endif
+                                }
                             }
                         }
                     }
@@ -228,11 +249,19 @@ def rows_per_warp(launch: Launch, accumulator_words: int) -> int:
     return rpw
 
 
+def _alignment(M) -> int:
+    """16, 4 or 1: the largest of these dividing the address of M's first entry."""
+    ptr = M.data.ptr
+    return 16 if ptr % 16 == 0 else 4 if ptr % 4 == 0 else 1
+
+
+def _uses_bytes(dtype: str, cols: int, alignment: int) -> bool:
+    return dtype == "int8" and cols % 4 == 0 and cols <= MAX_BYTES_COLS and alignment >= 4
+
+
 def bytes_path(M) -> bool:
     """int8 rows read as 32-bit words of 4 entries, each against 4 limbs by one dp4a."""
-    cols = M.shape[1]
-    return (M.dtype == np.int8 and cols % 4 == 0 and cols <= MAX_BYTES_COLS
-            and M.data.ptr % 4 == 0)
+    return _uses_bytes(M.dtype.name, M.shape[1], _alignment(M))
 
 
 def wide_limb_width(bound: int, cols: int) -> int:
@@ -253,44 +282,57 @@ def supported(A, B, C, rounds: int, bounds: tuple[int, int, int]) -> bool:
     return True
 
 
-def tile_words(tile_bytes: int, rounds: int, limbs: int) -> int:
-    return max(32, tile_bytes // 4 // (rounds * limbs) // 32 * 32)
+def tile_words(tile_bytes: int, rounds: int, limbs: int, unit: int) -> int:
+    """Words of a tile: a multiple of unit (one pass of a warp's unrolled loads) where the
+    budget allows, else of 32."""
+    budget = tile_bytes // 4 // (rounds * limbs)
+    step = unit if budget >= unit else 32
+    return max(32, budget // step * step)
 
 
-@cache
-def _kernel(dtype: str, rounds: int, limbs: int, width: int, rpw: int, check: bool,
-            use_bytes: bool, unroll: int, tile: int):
+class Config(NamedTuple):
+    """One pass's compiled kernel and launch shape."""
+
+    kernel: object
+    grid: tuple[int]
+    block: tuple[int]
+
+
+@lru_cache(maxsize=64)
+def _config(dtype: str, rows: int, cols: int, alignment: int, rounds: int, bound: int,
+            check: bool) -> Config:
+    """The kernel and launch of one pass, computed once per shape, type and bound."""
     import cupy
 
+    use_bytes = _uses_bytes(dtype, cols, alignment)
+    if use_bytes:
+        words, limbs, width = cols // 4, 8, 8
+    else:
+        words, width = cols, wide_limb_width(bound, cols)
+        limbs = -(-61 // width)
+    vec = 4 if (words % 4 == 0 and alignment == 16
+                and (use_bytes or np.dtype(dtype).itemsize == 4)) else 1
+    launch = LAUNCH["bytes" if use_bytes else "wide", vec]
+    rpw = rows_per_warp(launch, rounds * limbs * (1 if use_bytes else 2))
+    tile = tile_words(launch.tile_bytes, rounds, limbs, 32 * vec * launch.unroll)
     options = (f"-DVX_T={C_TYPES[dtype]}", f"-DVX_R={REGISTER_TYPES.get(dtype, 'int')}",
                f"-DVX_K={rounds}", f"-DVX_L={limbs}", f"-DVX_W={width}", f"-DVX_RPW={rpw}",
                f"-DVX_CHECK={int(check)}", f"-DVX_BYTES={int(use_bytes)}",
-               f"-DVX_TILE={tile}", f"-DVX_UNROLL={unroll}")
-    return cupy.RawKernel(SOURCE, "residues", options=options)
+               f"-DVX_TILE={tile}", f"-DVX_UNROLL={launch.unroll}", f"-DVX_VEC={vec}")
+    kernel = cupy.RawKernel(SOURCE, "residues", options=options)
+    return Config(kernel, (-(-rows // (launch.warps * rpw)),), (32 * launch.warps,))
 
 
 def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None, out,
              verdict, compare: bool = False, init: bool = False) -> None:
-    """One launch: out = (M V) mod p, or with compare the comparison of (M V) mod p with out
-    into verdict. limit: entries of M above it in magnitude mark their row (bound is then
-    limit)."""
-    import cupy
-
+    """One launch on the current stream: out = (M V) mod p, or with compare the comparison
+    of (M V) mod p with out into verdict. limit: entries of M above it in magnitude mark
+    their row (bound is then limit)."""
     rows, cols = M.shape
-    if bytes_path(M):
-        use_bytes, limbs, width = True, 8, 8
-    else:
-        use_bytes, width = False, wide_limb_width(bound, cols)
-        limbs = -(-61 // width)
-    launch = LAUNCH["bytes" if use_bytes else "wide"]
-    rpw = rows_per_warp(launch, rounds * limbs * (1 if use_bytes else 2))
-    kernel = _kernel(M.dtype.name, rounds, limbs, width, rpw, limit is not None, use_bytes,
-                     launch.unroll, tile_words(launch.tile_bytes, rounds, limbs))
-    blocks = -(-rows // (launch.warps * rpw))
-    kernel((blocks,), (32 * launch.warps,),
-           (M, V, cupy.int64(vj), cupy.int64(vq), out, out, verdict, cupy.int64(rows),
-            cupy.int64(cols), cupy.int64(limit or 0), cupy.int32(int(compare)),
-            cupy.int32(int(init))))
+    config = _config(M.dtype.name, rows, cols, _alignment(M), rounds, bound, limit is not None)
+    config.kernel(config.grid, config.block,
+                  (M, V, np.int64(vj), np.int64(vq), out, out, verdict, np.int64(rows),
+                   np.int64(cols), np.int64(limit or 0), np.int32(compare), np.int32(init)))
 
 
 def device_vectors(seed: bytes, n: int, rounds: int):
@@ -305,23 +347,56 @@ def device_vectors(seed: bytes, n: int, rounds: int):
     return cupy.asarray(np.frombuffer(raw, np.uint64).reshape(rounds, n))
 
 
+class Workspace(NamedTuple):
+    """Device buffers of one shape and what runs C's pass beside B's, kept between calls."""
+
+    X: object  # (k, rounds) uint64: B R mod p
+    Z: object  # (m, rounds) uint64: C R mod p
+    verdict: object  # (2,) int64: rows that differ, the first of them
+    side: object  # a second stream for C's pass
+    ready: object  # event: the vectors are on the device
+    done: object  # event: C's pass is over
+
+
+@lru_cache(maxsize=8)
+def _workspace(m: int, k: int, rounds: int, device: int) -> Workspace:
+    import cupy
+
+    event = cupy.cuda.Event
+    return Workspace(cupy.empty((k, rounds), np.uint64), cupy.empty((m, rounds), np.uint64),
+                     cupy.empty(2, np.int64), cupy.cuda.Stream(non_blocking=True),
+                     event(disable_timing=True), event(disable_timing=True))
+
+
+def launch(A, B, C, words, rounds: int, bounds: tuple[int, int, int], product_bound: int):
+    """Enqueue the check on the current stream (C's pass on a second stream beside B's);
+    returns the device verdict (rows that differ, the first such row)."""
+    import cupy
+
+    (m, k), n = A.shape, B.shape[1]
+    bound_b, bound_c, bound_a = bounds
+    ws = _workspace(m, k, rounds, cupy.cuda.Device().id)
+    main = cupy.cuda.get_current_stream()
+    ws.ready.record(main)
+    ws.side.wait_event(ws.ready)
+    limit = product_bound if product_bound < bound_c else None
+    with ws.side:
+        residues(C, words, 1, n, rounds, min(bound_c, product_bound), limit, ws.Z, ws.verdict)
+        ws.done.record(ws.side)
+    residues(B, words, 1, n, rounds, bound_b, None, ws.X, ws.verdict, init=True)
+    main.wait_event(ws.done)
+    residues(A, ws.X, rounds, 1, rounds, bound_a, None, ws.Z, ws.verdict, compare=True)
+    return ws.verdict
+
+
 def check(A, B, C, words, rounds: int, bounds: tuple[int, int, int],
           product_bound: int) -> tuple[int, int]:
     """(rows where A (B R) != C R mod p or C holds an entry above product_bound, the first
     such row) for 2-D device matrices that supported() accepts. words: device_vectors(seed,
     n, rounds). bounds: max|B|, max|C|, max|A| as known from the dtypes or the data."""
-    import cupy
-
-    (m, k), n = A.shape, B.shape[1]
-    bound_b, bound_c, bound_a = bounds
-    X = cupy.empty((k, rounds), np.uint64)
-    Z = cupy.empty((m, rounds), np.uint64)
-    verdict = cupy.empty(2, np.int64)
-    residues(B, words, 1, n, rounds, bound_b, None, X, verdict, init=True)
-    limit = product_bound if product_bound < bound_c else None
-    residues(C, words, 1, n, rounds, min(bound_c, product_bound), limit, Z, verdict)
-    residues(A, X, rounds, 1, rounds, bound_a, None, Z, verdict, compare=True)
-    wrong, first = (int(x) for x in verdict.get())
+    with _WORKSPACE_IN_USE:
+        wrong, first = (int(x) for x in launch(A, B, C, words, rounds, bounds,
+                                                product_bound).get())
     return wrong, (first if wrong else 0)
 
 
