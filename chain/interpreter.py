@@ -4,8 +4,9 @@ py-evm runs each opcode as an object call that charges gas through the gas meter
 values through its typed ``Stack``; for the market's ~345 opcodes per ``submitJob`` that
 overhead is most of the execution time. This loop keeps the program counter and the gas in
 locals and works on the stack's list directly. The inline opcodes (stack, arithmetic,
-comparison, bitwise, jumps, memory words, call data) follow py-evm's semantics and charge the
-static gas of py-evm's own opcode table; SLOAD and SSTORE charge EIP-2929's warm/cold access
+comparison, bitwise, jumps, memory words, call data, SHA3, the three memory copies, RETURN)
+follow py-evm's semantics and charge the static gas of py-evm's own opcode table (and its word
+gas for hashing and copying); SLOAD and SSTORE charge EIP-2929's warm/cold access
 and EIP-2200/3529's gas and refunds, with py-evm's state calls in py-evm's order; every other
 opcode is py-evm's function, called with the gas and program counter written back first and
 read again after. Memory expansion (inline and py-evm's opcodes alike) is py-evm's rule
@@ -22,6 +23,7 @@ from functools import lru_cache
 
 from eth._utils.numeric import ceil32
 from eth.abc import ComputationAPI, MessageAPI, StateAPI, TransactionContextAPI
+from eth.constants import GAS_COPY, GAS_SHA3WORD
 from eth.exceptions import (
     FullStack,
     Halt,
@@ -35,27 +37,31 @@ from eth.vm.forks.berlin.constants import COLD_SLOAD_COST, WARM_STORAGE_READ_COS
 from eth.vm.forks.london.storage import GAS_SCHEDULE_EIP3529
 from eth.vm.forks.prague.computation import PragueComputation
 from eth.vm.logic.invalid import InvalidOpcode
+from eth_hash.auto import keccak
 
 UINT256_MAX = 2**256 - 1
 UINT256_CEILING = 2**256
 INT256_MAX = 2**255 - 1
 STACK_LIMIT = 1024
 
-STOP, ADD, MUL, SUB = 0x00, 0x01, 0x02, 0x03
+STOP, ADD, MUL, SUB, MOD = 0x00, 0x01, 0x02, 0x03, 0x06
 LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT = range(0x10, 0x1A)
 SHL, SHR = 0x1B, 0x1C
-CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE = 0x33, 0x34, 0x35, 0x36
+SHA3 = 0x20
+CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE, CALLDATACOPY = 0x33, 0x34, 0x35, 0x36, 0x37
+CODECOPY = 0x39
 POP, MLOAD, MSTORE, SLOAD, SSTORE = 0x50, 0x51, 0x52, 0x54, 0x55
 JUMP, JUMPI = 0x56, 0x57
-JUMPDEST = 0x5B
+JUMPDEST, MCOPY = 0x5B, 0x5E
 PUSH0, PUSH32 = 0x5F, 0x7F
 DUP1, DUP16 = 0x80, 0x8F
 SWAP1, SWAP16 = 0x90, 0x9F
+RETURN = 0xF3
 
 INLINE = frozenset([
-    STOP, ADD, MUL, SUB, LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT, SHL, SHR,
-    CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE, POP, MLOAD, MSTORE, SLOAD, SSTORE,
-    JUMP, JUMPI, JUMPDEST,
+    STOP, ADD, MUL, SUB, MOD, LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT, SHL, SHR, SHA3,
+    CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE, CALLDATACOPY, CODECOPY, POP, MLOAD, MSTORE,
+    SLOAD, SSTORE, JUMP, JUMPI, JUMPDEST, MCOPY, RETURN,
     *range(PUSH0, PUSH32 + 1), *range(DUP1, DUP16 + 1), *range(SWAP1, SWAP16 + 1),
 ])
 
@@ -264,13 +270,52 @@ def execute_code(computation: ComputationAPI) -> None:
                     if COLD_SLOAD_COST > gas:
                         raise OutOfGas(f"Out of gas: cold SSTORE slot, remaining {gas}")
                     gas -= COLD_SLOAD_COST
+            elif op == SHA3 or op == RETURN:
+                start, size = pop(), pop()
+                if size and start + size > len(memory._bytes):
+                    meter.gas_remaining = gas
+                    computation.extend_memory(start, size)
+                    gas = meter.gas_remaining
+                data = bytes(memory._bytes[start:start + size])
+                if op == RETURN:
+                    computation.output = data
+                    break
+                cost = GAS_SHA3WORD * ((size + 31) // 32)
+                if cost > gas:
+                    raise OutOfGas(f"Out of gas: SHA3 word gas {cost}, remaining {gas}")
+                gas -= cost
+                push(int.from_bytes(keccak(data), "big"))
+            elif op == CALLDATACOPY or op == CODECOPY or op == MCOPY:
+                # py-evm's order: memory expansion (MCOPY: to the farther of its two ends),
+                # copy gas, then the copy (source bytes past the end read as zeros)
+                target, source, size = pop(), pop(), pop()
+                reach = max(target, source) if op == MCOPY else target
+                if size and reach + size > len(memory._bytes):
+                    meter.gas_remaining = gas
+                    computation.extend_memory(reach, size)
+                    gas = meter.gas_remaining
+                cost = GAS_COPY * ((size + 31) // 32)
+                if cost > gas:
+                    raise OutOfGas(f"Out of gas: copy gas {cost}, remaining {gas}")
+                gas -= cost
+                if size:
+                    if op == MCOPY:
+                        data = memory._bytes[source:source + size]
+                    else:
+                        data = (computation.msg.data_as_bytes if op == CALLDATACOPY
+                                else code)[source:source + size].ljust(size, b"\0")
+                    memory._bytes[target:target + size] = data
+            elif op == MOD:
+                value, modulus = pop(), pop()
+                push(value % modulus if modulus else 0)
             elif op == STOP:
                 break
             else:  # py-evm's own opcode function charges its gas and may move the pc
                 meter.gas_remaining = gas
                 code_stream.program_counter = pc
+                function = opcodes.get(op)
                 try:
-                    opcodes.get(op, InvalidOpcode(op))(computation=computation)
+                    (function or InvalidOpcode(op))(computation=computation)
                 except Halt:
                     return
                 gas = meter.gas_remaining

@@ -135,6 +135,15 @@ EDGE_RUNTIMES = {
                             32, 0, 0x30001, "CALLDATACOPY", "GAS", 128, "MSTORE",
                             64, 0, 0x40000, "MCOPY", 32, 0x50000, "SHA3", "GAS", 160, "MSTORE",
                             "MSIZE", 192, "MSTORE", 224, 0, "RETURN"),
+    # copies reading past the end of the code and of the call data (zeros), overlapping
+    # MCOPYs both ways, a hash of the result, RETURN of it
+    "copies_past_the_end": asm(32, 64, 0, "MCOPY", "MSIZE", 3, "SSTORE",  # source past MSIZE
+                               33, 0, "SHA3", "GAS", 4, "SSTORE",  # word gas of a part word
+                               64, "CODESIZE", 10, "SWAP1", "SUB", 0, "CODECOPY",
+                               40, 2**255, 64, "CALLDATACOPY", 50, 0, 7, "MCOPY",
+                               50, 9, 1, "MCOPY", 128, 0, "SHA3", 1, "SSTORE", 128, 0, "RETURN"),
+    "return_nothing_far": asm(0, 2**255, "RETURN"),
+    "huge_sha3": asm(1, 2**200, "SHA3"),
     "revert_with_data": asm(5, 5, "SSTORE", 0x1234, 0, "MSTORE", 32, 0, "REVERT"),
     "truncated_push": asm(9, 9, "SSTORE", bytes([opcode_values.PUSH3, 0xAB])),
     "return_nothing": asm(0, 0, "RETURN"),
