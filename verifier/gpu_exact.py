@@ -39,10 +39,11 @@ class Launch(NamedTuple):
     tile_bytes: int  # shared memory for the limbs of one tile of V
 
 
-# by inner loop and words per load (4: 16-byte loads). One-word loads: the fastest of 81
-# (warps 4/8/16, unroll 2/4/8, rows 1/2/4, tiles of 8/16/32 KiB) summed over n = 4096 and
-# 8192, H100, bench/verify.py's int8/int32 operands; a 32 KiB tile holds a 4096-long
-# vector's 8 byte limbs whole, so a block fills its tile once
+# by inner loop and words per load (4: 16-byte loads), each the fastest of a sweep summed
+# over n = 4096 and 8192, H100, bench/verify.py's int8/int32 operands: one-word loads of 81
+# variants (warps 4/8/16, unroll 2/4/8, rows 1/2/4, tiles of 8/16/32 KiB), 16-byte loads of
+# 18 per inner loop (warps 8/16, unroll 1/2/4, rows 1/2/4; the best 4-7% below the median).
+# A 32 KiB tile holds a 4096-long vector's 8 byte limbs whole: a block fills it once.
 LAUNCH = {("bytes", 1): Launch(16, 4, 2, 32 * 1024), ("wide", 1): Launch(16, 8, 2, 32 * 1024),
           ("bytes", 4): Launch(16, 2, 2, 32 * 1024), ("wide", 4): Launch(16, 2, 2, 32 * 1024)}
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
