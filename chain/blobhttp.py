@@ -15,7 +15,8 @@ import http.client
 import json
 import struct
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -39,6 +40,8 @@ BATCH_BYTES = 8 << 20  # the client batches blobs below STREAM_BYTES up to this 
 SYNC_THREADS = 16  # fdatasyncs of one batch in flight together
 HASH_THREAD_BYTES = 8 << 20  # downloads from this size are hashed on a second thread
 HASH_STEP = 1 << 20  # ... in steps of this size (measured: a gain at 16 MiB, a loss at 4)
+HASH_THREADS = 8  # streamed uploads hashed at once (put_arrays runs up to 8 uploads)
+SEND_STEP = 1 << 20  # a streamed upload checks between sends whether the store has the blob
 
 
 class BlobError(ValueError):
@@ -260,24 +263,50 @@ def _sha256(views: list[memoryview]) -> bytes:
     return digest.digest()
 
 
-class _HashedFrame:
-    """One blob framed for `POST` as <u64 length><blob><sha256>, hashed on a second thread
-    while the socket takes the same buffer (both release the GIL). One hash call per buffer:
-    1 MiB steps cost ~30 % more client CPU for no gain here. Iterating again (a retried
-    request) hashes again."""
+class _AlreadyStored(Exception):
+    """The store has the blob being sent: the rest of it is not sent."""
 
-    def __init__(self, views: list[memoryview], size: int) -> None:
-        self.views, self.size = views, size
-        self.id = b""
+
+class _HashedFrame:
+    """One blob framed for `POST` as <u64 length><blob><sha256>. A thread of `pool` hashes it
+    (one call per buffer: 1 MiB steps cost ~30 % more client CPU for no gain here) while the
+    socket sends it (both release the GIL), then asks the store (`stored`, a HEAD) whether it
+    has the blob; if so, the upload stops at the next `SEND_STEP`, so a repeated blob costs
+    about its hash, as when the client hashed before asking. Iterating again (a retried
+    request) starts over."""
+
+    def __init__(self, views: list[memoryview], size: int, pool: ThreadPoolExecutor,
+                 stored: Callable[[bytes], bool]) -> None:
+        self.views, self.size, self.pool, self.stored = views, size, pool, stored
+        self.hashing: Future | None = None
+        self.asking: Future | None = None
+
+    @property
+    def id(self) -> bytes:
+        return self.hashing.result()
+
+    def _hash(self) -> bytes:
+        return _sha256(self.views)
+
+    def _ask(self, hashing: Future) -> None:
+        self.asking = self.pool.submit(self._stored, hashing.result())
+
+    def _stored(self, id_: bytes) -> bool:
+        try:
+            return self.stored(id_)
+        except (OSError, http.client.HTTPException):
+            return False  # then the upload simply completes
 
     def __iter__(self):
-        digest = hashlib.sha256()
+        self.asking = None
+        self.hashing = self.pool.submit(self._hash)
+        self.hashing.add_done_callback(self._ask)
         yield FRAME_LENGTH.pack(self.size)
-        with ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as hasher:
-            for view in self.views:
-                hasher.submit(digest.update, view)  # in order: one thread
-                yield view
-        self.id = digest.digest()
+        for view in self.views:
+            for start in range(0, len(view), SEND_STEP):
+                if self.asking is not None and self.asking.done() and self.asking.result():
+                    raise _AlreadyStored
+                yield view[start:start + SEND_STEP]
         yield self.id
 
 
@@ -297,6 +326,7 @@ class BlobClient:
         self.connections = Connections(base_url, timeout, blocksize=CHUNK)
         self.max_bytes = max_bytes
         self._upload_pool: ThreadPoolExecutor | None = None
+        self._hashers: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
     def _request(self, method: str, id_: bytes | None, parts=(), length: int = 0
@@ -329,11 +359,16 @@ class BlobClient:
     def put_parts(self, parts: list) -> bytes:
         """Upload a blob given as consecutive byte buffers; returns its id. From
         `STREAM_BYTES` on, the blob is hashed while it is sent (`POST` framing, its sha256
-        after its bytes) instead of before (`PUT` to its id)."""
+        after its bytes) instead of before (`PUT` to its id), and not sent to the end if the
+        store turns out to have it."""
         views, size = self._checked_size(parts)
         if size >= STREAM_BYTES:
-            frame = _HashedFrame(views, size)
-            response = self._request("POST", None, frame, FRAME_LENGTH.size + size + ID_BYTES)
+            frame = _HashedFrame(views, size, self._hash_pool(), self.has)
+            try:
+                response = self._request("POST", None, frame,
+                                         FRAME_LENGTH.size + size + ID_BYTES)
+            except _AlreadyStored:
+                return frame.id  # the connection, left mid-body, was closed
             id_ = frame.id
         else:
             id_ = _sha256(views)
@@ -407,6 +442,14 @@ class BlobClient:
                 self._upload_pool = ThreadPoolExecutor(threads, thread_name_prefix="blob-put")
             return self._upload_pool
 
+    def _hash_pool(self) -> ThreadPoolExecutor:
+        """The threads that hash streamed uploads and ask the store about them (each keeps
+        its keep-alive connection for the HEADs)."""
+        with self._pool_lock:
+            if self._hashers is None:
+                self._hashers = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="blob-hash")
+            return self._hashers
+
     def put_array(self, array: np.ndarray) -> bytes:
         return self.put_parts(array_parts(array))
 
@@ -451,6 +494,7 @@ class BlobClient:
         return response.status == 200
 
     def close(self) -> None:
-        if self._upload_pool is not None:
-            self._upload_pool.shutdown(wait=True)
+        for pool in (self._upload_pool, self._hashers):
+            if pool is not None:
+                pool.shutdown(wait=True)
         self.connections.close()

@@ -1,7 +1,8 @@
 """The pipelined blob transfer: `BlobWriter` hashing and writing on threads (against hashlib
 and the bytes themselves), and large uploads hashed while sent (`POST` framing, the sha256
 after the bytes) through a real node process: round trips bit for bit, a wrong or missing
-trailing hash or a cut connection stores nothing and leaves no temp file."""
+trailing hash or a cut connection stores nothing and leaves no temp file; a blob the store
+already has stops being sent once its hash is known."""
 import hashlib
 import http.client
 import json
@@ -11,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from chain.blobhttp import BlobClient
+from chain.blobhttp import BlobClient, _AlreadyStored, _HashedFrame
 from chain.blobs import PIPELINE_BYTES, BlobStore, encode_array
 from chain.launch import NodeProcess
 
@@ -117,3 +118,29 @@ def test_streamed_upload_with_wrong_or_cut_trailer_stores_nothing(node):
     status, reply = post(framed + hashlib.sha256(blob).digest())
     assert status == 200 and reply["ids"] == ["0x" + hashlib.sha256(blob).hexdigest()]
     assert (directory / hashlib.sha256(blob).hexdigest()).read_bytes() == blob
+
+
+def test_a_blob_the_store_has_stops_being_sent(node):
+    """Once the hash thread has the id and the store says it has the blob, the frame stops
+    before its next step; put_array then returns the id at once, and the connection it
+    closed mid-body is reopened for the next request."""
+    client = BlobClient(f"{node.url}/blobs", LIMIT_MB << 20)
+    array = np.random.default_rng(4).standard_normal((21 << 20) // 4).astype(np.float32)
+    id_ = client.put_array(array)
+    blob = memoryview(encode_array(array))
+    frame = _HashedFrame([blob], len(blob), client._hash_pool(), client.has)
+    steps = iter(frame)
+    next(steps), next(steps)  # the length and the first step
+    for _ in range(200):
+        if frame.asking is not None and frame.asking.done():
+            break
+        time.sleep(0.01)
+    with pytest.raises(_AlreadyStored):
+        next(steps)
+    assert frame.id == id_
+    assert client.put_array(array) == id_
+    np.testing.assert_array_equal(client.get_array(id_), array)
+    client.close()
+    directory = node.data_dir / "blobs"
+    assert not [f for f in wait_for_files(directory, sorted(
+        f for f in files(directory) if not f.startswith(".tmp"))) if f.startswith(".tmp")]
