@@ -97,6 +97,31 @@ def test_matmul_mod_p_marks_rows_above_the_limit():
     assert np.array_equal(got, want)
 
 
+def test_checked_mod_p_with_a_digit_width_per_block():
+    """Row blocks of very different magnitudes (so different digit widths, down to the
+    limit's own) in one matrix, a row at the limit itself, vectors with p - 1: every row
+    exact against Python integers, rows with an entry past the limit p."""
+    from verifier.arrays import BLOCK_BYTES
+    from verifier.exact import checked_mod_p
+
+    rng = np.random.default_rng(11)
+    inner, limit = 4096, 1 << 26
+    block = BLOCK_BYTES // (inner * 8)
+    tops = [1 << 8, limit, 1 << 20, 1 << 14]
+    M = np.concatenate([rng.integers(-top, top, (block, inner), dtype=np.int64, endpoint=True)
+                        for top in tops]).astype(np.int32)
+    M[block, :] = -limit  # a whole row at the limit
+    M[2 * block + 3, 7] = limit + 1  # past it: the row gets p
+    V = rng.integers(0, P, (inner, 2), dtype=np.int64)
+    V[:, 0] = P - 1
+    widths = {digit_width(top, inner, 1 << 53) for top in tops}
+    assert len(widths) == 4 and min(widths) == digit_width(limit, inner, 1 << 53)
+    want = reference_mod_p(M, V)
+    want[2 * block + 3] = P
+    assert np.array_equal(checked_mod_p(M, V, limit), want)
+    assert np.array_equal(matmul_mod_p(np, M, V, 1 << 31, limit=limit), want)
+
+
 def honest(A, B):
     return A.astype(np.int64) @ B.astype(np.int64)
 
