@@ -443,6 +443,14 @@ def test_standard_methods_and_error_codes(node, w3):
     parse = httpx.post(node.url, content=b"{not json").json()
     assert parse["error"]["code"] == -32700
     assert _rpc(node.url, [])["error"]["code"] == -32600
+    notification = httpx.post(f"{node.url}/rpc", json={"jsonrpc": "2.0",
+                                                       "method": "eth_chainId"})
+    assert notification.status_code == 204 and notification.content == b""
+    huge = httpx.post(node.url, content=b" " * (64 * 2**20 + 1))
+    assert huge.status_code == 413 and "request body over" in huge.json()["error"]
+    bad = httpx.get(f"{node.url}/wait", params={"block": "latest"})
+    assert bad.status_code == 400 and "block and timeout must be numbers" in bad.json()["error"]
+    assert httpx.get(f"{node.url}/info").json()["chain_id"] == 1414
 
 
 def test_call_reverts_carry_the_reason(clients):
