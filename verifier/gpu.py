@@ -1,7 +1,7 @@
-"""A fused CUDA kernel for checks of device data: one read of a matrix gives both M @ W and
-|M| @ v, accumulated in the check's evaluation type (float32 for float checks, whose bound
-charges float32's unit for any order; float64 for exact limb products, every partial sum
-an integer of magnitude at most 2^53) with no converted copy of M.
+"""A fused CUDA kernel for arrays.products on device data: one read of a matrix gives both
+M @ W and |M| @ v, accumulated in float32 or float64 (float checks' float64 re-evaluations
+and exact mode's generic limb products, every partial sum an integer of magnitude at most
+2^53) with no converted copy of M. 2-D float32 checks take verifier/gpu_float.py instead.
 
 Each warp takes VF_RPW rows, so every value of W it loads from shared memory serves VF_RPW
 multiply-adds, and each thread issues VF_UNROLL * VF_RPW reads of M before it uses them, so
