@@ -56,6 +56,7 @@ class FlatAccountDB(BatchedAccountDB):
         self._log: list[tuple[dict, object, object]] = []
         self._checkpoints: dict[JournalDBCheckpoint, int] = {}
         self._code: dict[Hash32, bytes] = {}  # by hash: valid for any state
+        self._writing_through = False
         self._clear_block()
         self._clear_transaction()
 
@@ -67,6 +68,7 @@ class FlatAccountDB(BatchedAccountDB):
         self._changed_accounts: dict[Address, None] = {}  # insertion-ordered set
         self._changed_slots: dict[Address, set[int]] = {}
         self._new_code: dict[Hash32, bytes] = {}
+        self._storage_roots: dict[Address, Hash32] = {}  # as of the last state root
         self._log.clear()
         self._checkpoints.clear()
 
@@ -82,7 +84,7 @@ class FlatAccountDB(BatchedAccountDB):
     def _account(self, address: Address) -> tuple[int, int, bytes] | None:
         account = self._accounts.get(address, MISSING)
         if account is MISSING:
-            encoded = self._get_encoded_account(address)
+            encoded = self._stored_account(address)
             if encoded:
                 decoded = rlp.decode(encoded, sedes=Account)
                 account = (decoded.nonce, decoded.balance, decoded.code_hash)
@@ -90,6 +92,13 @@ class FlatAccountDB(BatchedAccountDB):
                 account = None
             self._accounts[address] = account
         return account
+
+    def _stored_account(self, address: Address) -> bytes:
+        """The account's RLP in the account trie (b"": none), read through ``chain.tries``'
+        node cache; through py-evm's layers while they hold the block's changes."""
+        if self._writing_through:
+            return self._get_encoded_account(address)
+        return trie_get(self._batchtrie, self.state_root, keccak(address))
 
     def _set_fields(self, address: Address, account: tuple[int, int, bytes] | None) -> None:
         self._change(self._accounts, address, account)
@@ -203,8 +212,13 @@ class FlatAccountDB(BatchedAccountDB):
         (py-evm's journal and cache layers when it holds writes for the account)."""
         if address in self._account_stores:
             return super().get_storage(address, slot)
-        encoded = trie_get(self._raw_store_db, self._get_storage_root(address),
-                           keccak(slot.to_bytes(32, "big")))
+        root = self._storage_roots.get(address)
+        if root is None:
+            encoded = self._stored_account(address)
+            root = rlp.decode(encoded, sedes=Account).storage_root if encoded else \
+                BLANK_ROOT_HASH
+            self._storage_roots[address] = root
+        encoded = trie_get(self._raw_store_db, root, keccak(slot.to_bytes(32, "big")))
         return rlp.decode(encoded, sedes=big_endian_int) if encoded else 0
 
     def set_storage(self, address: Address, slot: int, value: int) -> None:
@@ -261,8 +275,12 @@ class FlatAccountDB(BatchedAccountDB):
 
     # --- into py-evm's tries --------------------------------------------------------------
     def make_state_root(self) -> Hash32:
-        self._write_through()
-        root = super().make_state_root()
+        self._writing_through = True
+        try:
+            self._write_through()
+            root = super().make_state_root()
+        finally:
+            self._writing_through = False
         self._clear_block()
         return root
 

@@ -14,6 +14,7 @@ from eth.abc import (
     ReceiptAPI,
     SignedTransactionAPI,
     StateAPI,
+    WithdrawalAPI,
 )
 from eth.chains.base import Chain
 from eth.constants import CREATE_CONTRACT_ADDRESS
@@ -31,6 +32,7 @@ from eth.vm.forks.prague.constants import DEPOSIT_REQUEST_TYPE
 from eth.vm.forks.prague.state import PragueState, PragueTransactionExecutor
 from eth.vm.message import Message
 from eth_hash.auto import keccak
+from eth_typing import Hash32
 
 from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
@@ -69,11 +71,15 @@ class PoUWVMBase(PragueVM):
     def _assign_block_rewards(self, block: BlockAPI) -> None:
         if not may_hold_work(block.header):
             return
-        work = verified_work(block.get_receipts(self.chaindb))
+        work = verified_work(self.block_receipts(block))
         rewards = block_rewards(work, self.state.get_balance(REWARD_POOL_ADDRESS))
         for worker, amount in rewards.items():
             self.state.delta_balance(REWARD_POOL_ADDRESS, -amount)
             self.state.delta_balance(worker, amount)
+
+    def block_receipts(self, block: BlockAPI) -> Sequence[ReceiptAPI]:
+        """The block's receipts, read back from the database."""
+        return block.get_receipts(self.chaindb)
 
     def add_receipt_to_header(self, old_header: BlockHeaderAPI,
                               receipt: ReceiptAPI) -> BlockHeaderAPI:
@@ -101,7 +107,26 @@ def logs_bloom(log_entries: Sequence[tuple[bytes, Sequence[int], bytes]]) -> int
 
 
 class PoUWFastVM(PoUWVMBase):
-    """The VM of the fast path: receipts built with ``logs_bloom`` and not re-checked."""
+    """The VM of the fast path: receipts built with ``logs_bloom`` and not re-checked, and
+    kept for the block's rewards (a full block's receipts decoded back from the database
+    were an eighth of sealing it)."""
+
+    _receipts: tuple[Hash32, Sequence[ReceiptAPI]] = (b"", ())  # receipt root, receipts
+
+    def set_block_transactions_and_withdrawals(
+            self, base_block: BlockAPI, new_header: BlockHeaderAPI,
+            transactions: Sequence[SignedTransactionAPI], receipts: Sequence[ReceiptAPI],
+            withdrawals: Sequence[WithdrawalAPI] | None = None) -> BlockAPI:
+        block = super().set_block_transactions_and_withdrawals(
+            base_block, new_header, transactions, receipts, withdrawals)
+        self._receipts = (block.header.receipt_root, receipts)
+        return block
+
+    def block_receipts(self, block: BlockAPI) -> Sequence[ReceiptAPI]:
+        """The receipts this VM put into the block (its receipt root commits to them), else
+        the database's."""
+        root, receipts = self._receipts
+        return receipts if root == block.header.receipt_root else super().block_receipts(block)
 
     def apply_transaction(self, header: BlockHeaderAPI, transaction: SignedTransactionAPI
                           ) -> tuple[ReceiptAPI, ComputationAPI]:
