@@ -205,9 +205,14 @@ class BlobWriter:
 
     def lagging(self) -> Future | None:
         """The oldest step still running while more than `BACKLOG_BYTES` are in flight: a
-        receiver waits for it before taking more (memory stays bounded)."""
+        receiver waits for it before taking more (memory stays bounded). Raises what a
+        finished step raised (a failed write must not be forgotten)."""
         while self.in_flight and self.in_flight[0][0].done() and self.in_flight[0][1].done():
-            self.in_flight_bytes -= self.in_flight.popleft()[2]
+            hashed, written, nbytes = self.in_flight[0]
+            hashed.result()  # a failed step stays in flight: check() raises it again
+            written.result()
+            self.in_flight.popleft()
+            self.in_flight_bytes -= nbytes
         if self.in_flight_bytes <= BACKLOG_BYTES:
             return None
         hashed, written, _ = self.in_flight[0]
@@ -305,11 +310,11 @@ class BlobWriter:
         if self.aborted:
             return
         self.aborted = True
-        if self.lanes is not None:
-            self.lanes[0].shutdown(wait=False, cancel_futures=True)
-            self.lanes[1].submit(self._remove)
-            self.lanes[1].shutdown(wait=False)
-            self.lanes = None
+        lanes, self.lanes = self.lanes, None
+        if lanes is not None:
+            lanes[0].shutdown(wait=False, cancel_futures=True)
+            lanes[1].submit(self._remove)
+            lanes[1].shutdown(wait=False)
         else:
             self._remove()
 
@@ -324,3 +329,4 @@ class BlobWriter:
         if self.lanes is not None:
             for lane in self.lanes:
                 lane.shutdown(wait=False)
+            self.lanes = None

@@ -6,8 +6,10 @@ already has stops being sent once its hash is known."""
 import hashlib
 import http.client
 import json
+import os
 import socket
 import time
+from concurrent import futures
 
 import numpy as np
 import pytest
@@ -66,6 +68,23 @@ def test_writer_refuses_a_wrong_hash_and_an_abort_leaves_nothing(tmp_path):
     assert wait_for_files(tmp_path, []) == []
     with pytest.raises(ValueError, match="exceeds"):
         store.writer().write(bytes((LIMIT_MB << 20) + 1))
+    assert wait_for_files(tmp_path, []) == []
+
+
+def test_a_failed_write_fails_the_upload_and_stores_nothing(tmp_path):
+    """A write step that fails (the disk is full: /dev/full) is raised by the receiver's
+    backlog check and again by check(); nothing is stored."""
+    blob = encode_array(np.arange(1 << 20, dtype=np.int32))  # 4 MiB: one pipelined step
+    store = BlobStore(tmp_path, max_bytes=LIMIT_MB << 20)
+    writer = store.writer(len(blob))
+    os.close(writer.fd)
+    writer.fd = os.open("/dev/full", os.O_WRONLY)
+    writer.write(blob)
+    futures.wait(writer.in_flight[0][:2])
+    with pytest.raises(OSError, match="No space left"):
+        writer.lagging()
+    with pytest.raises(OSError, match="No space left"):
+        writer.check(hashlib.sha256(blob).digest())
     assert wait_for_files(tmp_path, []) == []
 
 
