@@ -195,7 +195,12 @@ class BlobApp:
             elif not isinstance(exc, ConnectionAbortedError):
                 raise
             return
-        stored, errors = await asyncio.to_thread(self._commit, uploads)
+        try:
+            stored, errors = await asyncio.to_thread(self._commit, uploads)
+        except BaseException:  # a disk error: no temp file of the batch is left behind
+            for w, _ in uploads:
+                w.abort()
+            raise
         if errors:
             await _reply(send, 400, {"error": "not stored: " + "; ".join(errors),
                                      "stored": stored})
