@@ -57,11 +57,15 @@ def _nibbles(key: bytes) -> Nibbles:
     return key.hex().encode().translate(_HEX_DIGIT_VALUES)
 
 
+_NIBBLE_HEX_DIGITS = bytes.maketrans(bytes(range(16)), b"0123456789abcdef")
+
+
 def _hex_prefix(nibbles: Nibbles, leaf: bool) -> bytes:
-    """Compact (hex-prefix) encoding of a node path (yellow paper, appendix C)."""
-    flag = 2 * leaf + len(nibbles) % 2
-    padded = bytes([flag] + ([] if len(nibbles) % 2 else [0])) + nibbles
-    return bytes(padded[i] << 4 | padded[i + 1] for i in range(0, len(padded), 2))
+    """Compact (hex-prefix) encoding of a node path (yellow paper, appendix C): the flag
+    nibble, a zero nibble when the path is even, the path; packed through hex digits."""
+    odd = len(nibbles) % 2
+    flag = "0123"[2 * leaf + odd] + ("" if odd else "0")
+    return bytes.fromhex(flag + nibbles.translate(_NIBBLE_HEX_DIGITS).decode())
 
 
 def _common_prefix(a: Nibbles, b: Nibbles) -> int:

@@ -337,6 +337,8 @@ def scenario(tmp_path):
          submitter.market("submitJob", a_id, b_id, 1, 5, 4, 3, 1, 50, value=10**15,
                           gas=40_000),  # out of gas
          other.tx(submitter.address, value=12345),  # plain value transfer
+         other.tx(b"\x77" * 20),  # touches a new empty account: EIP-161 removes it
+         other.tx(b"\x78" * 20, b"\x01" * 1000, gas=100_000),  # EIP-7623 calldata floor
          other.tx(MARKET_ADDRESS, b"\xde\xad\xbe\xef", value=1)],  # unknown selector
         [worker.market("claimJob", 0), worker.market("claimJob", 1),
          other.market("claimJob", 0),  # not registered: reverts
