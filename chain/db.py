@@ -4,6 +4,10 @@ py-evm writes trie nodes, headers and indices through this object as it builds a
 block; nothing reaches disk until ``flush()``, which the node calls once per
 sealed block inside one sqlite transaction. A crash therefore leaves the database
 at the last sealed block, never between two.
+
+Values read from or flushed to sqlite are kept in a bounded in-memory cache: a block reads
+the same trie nodes again and again (each read a sqlite query), and only this object writes
+the table, so a cached value is the stored one.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from os import PathLike
 from eth.db.backends.base import BaseDB
 
 _DELETED = None
+CACHE_ENTRIES = 1 << 17  # trie nodes are ~100-600 bytes: tens of MB at most
 
 
 class SqliteDB(BaseDB):
@@ -28,12 +33,24 @@ class SqliteDB(BaseDB):
             "WITHOUT ROWID"
         )
         self._pending: dict[bytes, bytes | None] = {}
+        self._cache: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
 
     def _read(self, key: bytes) -> bytes | None:
+        value = self._cache.get(key)
+        if value is not None:
+            return value
         with self._lock:
             row = self._conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row[0]
+        if row is None:
+            return None
+        self._remember(key, row[0])
+        return row[0]
+
+    def _remember(self, key: bytes, value: bytes) -> None:
+        if len(self._cache) >= CACHE_ENTRIES:
+            self._cache.clear()
+        self._cache[key] = value
 
     def __getitem__(self, key: bytes) -> bytes:
         if key in self._pending:
@@ -72,6 +89,11 @@ class SqliteDB(BaseDB):
                 self._pending = {**pending, **self._pending}
                 raise
             self._conn.execute("COMMIT")
+        for key, value in pending.items():
+            if value is None:
+                self._cache.pop(key, None)
+            else:
+                self._remember(key, value)
         return len(pending)
 
     def discard(self) -> None:

@@ -97,6 +97,47 @@ def test_sqlite_db_persists_only_flushed_writes(tmp_path):
     assert final[b"b"] == b"2" and b"a" not in final
 
 
+def test_sqlite_db_cache_agrees_with_the_table(tmp_path, monkeypatch):
+    """Random writes, deletes, flushes and discards: every read through the cached store
+    equals a read of the table by a fresh connection (flushed state) or the pending value."""
+    import chain.db
+
+    monkeypatch.setattr(chain.db, "CACHE_ENTRIES", 5)  # evictions too
+    rng = np.random.default_rng(7)
+    db = SqliteDB(tmp_path / "kv.sqlite")
+    flushed: dict[bytes, bytes] = {}
+    pending: dict[bytes, bytes | None] = {}
+    keys = [bytes([k]) for k in range(12)]
+    for step in range(400):
+        key = keys[rng.integers(len(keys))]
+        action = rng.integers(10)
+        if action < 4:
+            db[key] = pending[key] = step.to_bytes(2, "big")
+        elif action < 6 and key in db:
+            del db[key]
+            pending[key] = None
+        elif action == 6:
+            db.flush()
+            for k, v in pending.items():
+                if v is None:
+                    flushed.pop(k, None)
+                else:
+                    flushed[k] = v
+            pending = {}
+        elif action == 7:
+            db.discard()
+            pending = {}
+        expected = {**flushed, **pending}
+        for k in keys:
+            assert db.get(k) == expected.get(k), (step, k)
+    db.flush()
+    db.close()
+    fresh = SqliteDB(tmp_path / "kv.sqlite")
+    assert {k: fresh.get(k) for k in keys} == \
+        {k: v for k, v in {**flushed, **pending}.items() if v is not None} | \
+        {k: None for k in keys if {**flushed, **pending}.get(k) is None}
+
+
 # --- precompile verdicts -------------------------------------------------------------------
 def _store_arrays(store, *arrays):
     return [store.put(encode_array(a)) for a in arrays]
