@@ -4,7 +4,8 @@ py-evm runs each opcode as an object call that charges gas through the gas meter
 values through its typed ``Stack``; for the market's ~345 opcodes per ``submitJob`` that
 overhead is most of the execution time. This loop keeps the program counter and the gas in
 locals and works on the stack's list directly. The inline opcodes (stack, arithmetic,
-comparison, bitwise, jumps, memory words, call data, SHA3, the three memory copies, RETURN)
+comparison, bitwise, jumps, memory words, call data, SHA3, the three memory copies, LOGs,
+RETURN)
 follow py-evm's semantics and charge the static gas of py-evm's own opcode table (and its word
 gas for hashing and copying); SLOAD and SSTORE charge EIP-2929's warm/cold access
 and EIP-2200/3529's gas and refunds, with py-evm's state calls in py-evm's order; every other
@@ -23,7 +24,7 @@ from functools import lru_cache
 
 from eth._utils.numeric import ceil32
 from eth.abc import ComputationAPI, MessageAPI, StateAPI, TransactionContextAPI
-from eth.constants import GAS_COPY, GAS_SHA3WORD
+from eth.constants import GAS_COPY, GAS_LOGDATA, GAS_LOGTOPIC, GAS_SHA3WORD
 from eth.exceptions import (
     FullStack,
     Halt,
@@ -56,12 +57,13 @@ JUMPDEST, MCOPY = 0x5B, 0x5E
 PUSH0, PUSH32 = 0x5F, 0x7F
 DUP1, DUP16 = 0x80, 0x8F
 SWAP1, SWAP16 = 0x90, 0x9F
+LOG0, LOG4 = 0xA0, 0xA4
 RETURN = 0xF3
 
 INLINE = frozenset([
     STOP, ADD, MUL, SUB, MOD, LT, GT, SLT, SGT, EQ, ISZERO, AND, OR, XOR, NOT, SHL, SHR, SHA3,
     CALLER, CALLVALUE, CALLDATALOAD, CALLDATASIZE, CALLDATACOPY, CODECOPY, POP, MLOAD, MSTORE,
-    SLOAD, SSTORE, JUMP, JUMPI, JUMPDEST, MCOPY, RETURN,
+    SLOAD, SSTORE, JUMP, JUMPI, JUMPDEST, MCOPY, RETURN, *range(LOG0, LOG4 + 1),
     *range(PUSH0, PUSH32 + 1), *range(DUP1, DUP16 + 1), *range(SWAP1, SWAP16 + 1),
 ])
 
@@ -305,6 +307,21 @@ def execute_code(computation: ComputationAPI) -> None:
                         data = (computation.msg.data_as_bytes if op == CALLDATACOPY
                                 else code)[source:source + size].ljust(size, b"\0")
                     memory._bytes[target:target + size] = data
+            elif LOG0 <= op <= LOG4:  # py-evm's order: static check, topic and data gas,
+                if computation.msg.is_static:  # memory expansion, the entry
+                    raise WriteProtection("LOG inside a STATICCALL context")
+                start, size = pop(), pop()
+                topics = tuple([pop() for _ in range(op - LOG0)])
+                cost = GAS_LOGDATA * size + GAS_LOGTOPIC * len(topics)
+                if cost > gas:
+                    raise OutOfGas(f"Out of gas: LOG needed {cost}, remaining {gas}")
+                gas -= cost
+                if size and start + size > len(memory._bytes):
+                    meter.gas_remaining = gas
+                    computation.extend_memory(start, size)
+                    gas = meter.gas_remaining
+                computation.add_log_entry(storage_address, topics,
+                                          bytes(memory._bytes[start:start + size]))
             elif op == MOD:
                 value, modulus = pop(), pop()
                 push(value % modulus if modulus else 0)

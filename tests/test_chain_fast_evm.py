@@ -99,6 +99,21 @@ def arith_runtime() -> bytes:
     return asm(*code)
 
 
+def push2(value: int) -> bytes:
+    return bytes([opcode_values.PUSH2]) + value.to_bytes(2, "big")
+
+
+def log_in_static_call_runtime() -> bytes:
+    """With call data: LOG1. Without: STATICCALLs itself with one byte of call data, where
+    the LOG must fail, and stores the call's success."""
+    def code(label: int) -> bytes:
+        return asm("CALLDATASIZE", push2(label), "JUMPI",
+                   0, 0, 1, 0, "ADDRESS", "GAS", "STATICCALL", 1, "SSTORE", "STOP",
+                   "JUMPDEST", 0x77, 32, 0, "LOG1")
+    label = code(0).index(bytes([opcode_values.JUMPDEST]), 4)
+    return code(label)
+
+
 EDGE_RUNTIMES = {
     # JUMP to a 0x5b byte that is PUSH data: invalid
     "jump_into_push_data": asm(4, "JUMP", bytes([opcode_values.PUSH1, 0x5B]), "STOP"),
@@ -143,16 +158,13 @@ EDGE_RUNTIMES = {
                                40, 2**255, 64, "CALLDATACOPY", 50, 0, 7, "MCOPY",
                                50, 9, 1, "MCOPY", 128, 0, "SHA3", 1, "SSTORE", 128, 0, "RETURN"),
     "return_nothing_far": asm(0, 2**255, "RETURN"),
+    "log_in_static_call": log_in_static_call_runtime(),
     "huge_sha3": asm(1, 2**200, "SHA3"),
     "revert_with_data": asm(5, 5, "SSTORE", 0x1234, 0, "MSTORE", 32, 0, "REVERT"),
     "truncated_push": asm(9, 9, "SSTORE", bytes([opcode_values.PUSH3, 0xAB])),
     "return_nothing": asm(0, 0, "RETURN"),
     "stop_then_code": asm("STOP", 1, 1, "SSTORE"),
 }
-
-
-def push2(value: int) -> bytes:
-    return bytes([opcode_values.PUSH2]) + value.to_bytes(2, "big")
 
 
 def dispatch_runtime(routines: list[bytes]) -> bytes:
@@ -346,7 +358,7 @@ def scenario(tmp_path):
            zip(EDGE_WORDS, reversed(EDGE_WORDS), EDGE_WORDS[3:] + EDGE_WORDS[:3],
                strict=True)),
          *(other.tx(address, words(i)) for i, address in enumerate(edge_addresses)),
-         other.tx(probe, value=10**6),
+         other.tx(probe, value=10**6, gas=12_000_000),
          other.tx(rules, words(1)), other.tx(gas_probe),
          other.tx(rules, words(1), gas=21_000 + 16 * 32 + 40_000),  # out of gas in SSTOREs
          other.tx(rules, words(0)),  # the setup again: every write a no-op
@@ -378,6 +390,10 @@ def test_stock_py_evm_accepts_every_fast_block(scenario):
     assert b"" in statuses and b"\x01" in statuses  # both failing and passing txs ran
     assert all(r.state_root == b"\x01" for block in sealed[4:]  # the mixed market blocks
                for r in block.get_receipts(node.chain.chaindb))
+    # the probe's transaction ran to its end (its calls within its gas)
+    assert [r.state_root for tx, r in zip(sealed[1].transactions,
+                                          sealed[1].get_receipts(node.chain.chaindb), strict=True)
+            if tx.to == scenario[4]] == [b"\x01"]
     stock = build_chain_class(node.blobs, fast=False).from_genesis(
         AtomicDB(), genesis_params(), genesis_state())
     accounts = [to_canonical_address(a.address) for a in dev_accounts(6)]
