@@ -10,6 +10,7 @@ reachable from them (tests/test_chain_fast_tries.py, tests/test_chain_fast_evm.p
 """
 from __future__ import annotations
 
+from eth.constants import BLANK_ROOT_HASH
 from eth.db.account import AccountDB
 from eth.db.cache import CacheDB
 from eth.db.journal import JournalDB
@@ -19,7 +20,7 @@ from eth.validation import validate_canonical_address, validate_uint64, validate
 from eth_typing import Address, Hash32
 from trie import HexaryTrie
 
-from chain.tries import encode_node, trie_get, update_trie
+from chain.tries import encode_node, keccak, trie_get, update_trie
 
 
 def encode_account(account: Account) -> bytes:
@@ -120,6 +121,25 @@ class BatchedAccountDB(AccountDB):
     def _set_account(self, address: Address, account: Account) -> None:
         self._account_cache[address] = account
         self._journaltrie[address] = encode_account(account)
+
+    def make_state_root(self) -> Hash32:
+        """py-evm's ``make_state_root`` with the account trie updated in one pass
+        (``update_trie``) instead of one py-trie insert per changed account: in a small block
+        those inserts were a third of sealing."""
+        for _address, store in self._dirty_account_stores():
+            store.make_storage_root()
+        for address, storage_root in self._get_changed_roots():
+            if self.account_exists(address) or storage_root != BLANK_ROOT_HASH:
+                self._set_storage_root(address, storage_root)
+        self._journaldb.persist()
+        diff = self._journaltrie.diff()
+        changes = {keccak(address): b"" for address in diff.deleted_keys()}
+        changes.update((keccak(address), rlp) for address, rlp in diff.pending_items())
+        if changes:
+            self._trie.root_hash = update_trie(self._batchtrie, self._trie.root_hash, changes)
+        self._journaltrie.reset()
+        self._trie_cache.reset_cache()
+        return self.state_root
 
     def _get_address_store(self, address: Address) -> AccountStorageDB:
         if address not in self._account_stores:
