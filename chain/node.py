@@ -21,6 +21,7 @@ from eth.chains.base import Chain
 from eth.db.atomic import AtomicDB
 from eth.db.chain import ChainDB
 from eth.exceptions import CanonicalHeadNotFound
+from eth.vm.forks.london.headers import calculate_expected_base_fee_per_gas
 
 from chain.admission import BatchDecoder, TxRejected, decode_all, decode_transaction
 from chain.blobs import BlobStore
@@ -146,7 +147,7 @@ class Node:
         while the next block is sealing is safe (its trie nodes are content-addressed)."""
         head = self.head()
         if self._view is None or self._view[0] is not head:
-            base_fee = self.chain.create_header_from_parent(head).base_fee_per_gas
+            base_fee = calculate_expected_base_fee_per_gas(head)
             self._view = (head, self.state_at(head), base_fee)
         return self._view
 
@@ -167,7 +168,7 @@ class Node:
 
     def _gas_price(self, head) -> int:
         """What eth_gasPrice answers on top of `head`: next base fee + the priority fee."""
-        return self.chain.create_header_from_parent(head).base_fee_per_gas + PRIORITY_FEE
+        return calculate_expected_base_fee_per_gas(head) + PRIORITY_FEE
 
     # --- admission -----------------------------------------------------------------------------
     def admit(self, raw: bytes) -> bytes:

@@ -244,6 +244,26 @@ def _run_job(node: Node, correct: bool, precision: int = 1) -> int:
     return node.seal().number
 
 
+def test_next_base_fee_is_the_one_the_sealed_block_gets(tmp_path):
+    """Admission and eth_gasPrice take the next base fee from EIP-1559's formula on the head
+    alone; py-evm's header creation in seal() must arrive at the same fee, after blocks with
+    transactions and after empty ones (the fee moves)."""
+    from chain.node import PRIORITY_FEE
+
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    try:
+        _run_job(node, correct=True)
+        fees = []
+        for _ in range(4):
+            expected = node.next_base_fee()
+            assert node.gas_price == expected + PRIORITY_FEE
+            assert node.seal().header.base_fee_per_gas == expected
+            fees.append(expected)
+        assert fees == sorted(fees, reverse=True) and fees[0] > fees[-1]
+    finally:
+        node.stop()
+
+
 def test_seal_commits_to_verified_work_and_replay_reverifies(tmp_path):
     node = Node(NodeConfig(tmp_path / "a", block_time=0))
     final = _run_job(node, correct=True)
