@@ -194,11 +194,15 @@ def transaction(client: JobClient) -> None:
         print(f"  {label:<40} {ms:8.1f}")
 
 
+def small_pairs(rng, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`count` pairs of random 32x32 float32 operands."""
+    return [(rng.standard_normal((32, 32)).astype(np.float32),
+             rng.standard_normal((32, 32)).astype(np.float32)) for _ in range(count)]
+
+
 def small_jobs(client: JobClient, rng, count: int) -> None:
     print(f"\n== {count} small jobs (32x32) submitted in one transaction")
-    pairs = [(rng.standard_normal((32, 32)).astype(np.float32),
-              rng.standard_normal((32, 32)).astype(np.float32))
-             for _ in range(count)]
+    pairs = small_pairs(rng, count)
     t0 = time.perf_counter()
     jobs = []
     for start in range(0, len(pairs), 256):
@@ -215,9 +219,7 @@ def small_jobs(client: JobClient, rng, count: int) -> None:
 
 def batched(client: JobClient, rng, count: int) -> None:
     print(f"\n== {count} small products (32x32) as one batched job")
-    pairs = [(rng.standard_normal((32, 32)).astype(np.float32),
-              rng.standard_normal((32, 32)).astype(np.float32))
-             for _ in range(count)]
+    pairs = small_pairs(rng, count)
     a3 = np.stack([p[0] for p in pairs])
     b3 = np.stack([p[1] for p in pairs])
     seconds = best_of(lambda: client.matmul(a3 + np.float32(rng.random()), b3), 2)

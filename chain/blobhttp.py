@@ -70,21 +70,21 @@ class BlobApp:
         try:
             id_ = parse_id(last)
         except ValueError as exc:
-            await _reply(send, 400, {"error": str(exc)}, head=method == "HEAD")
+            await json_reply(send, 400, {"error": str(exc)}, head=method == "HEAD")
             return
         if method == "PUT":
             await self._put(id_, scope, receive, send)
         elif method in ("GET", "HEAD"):
             await self._get(id_, send, head=method == "HEAD")
         else:
-            await _reply(send, 405, {"error": f"method {method} not allowed on blobs"})
+            await json_reply(send, 405, {"error": f"method {method} not allowed on blobs"})
 
     async def _put(self, id_: bytes, scope, receive, send) -> None:
         declared = dict(scope["headers"]).get(b"content-length")
         try:
             writer = self.store.writer(int(declared) if declared else None)
         except BlobTooLarge as exc:
-            await _reply(send, 413, {"error": str(exc)})
+            await json_reply(send, 413, {"error": str(exc)})
             return
         try:
             more = True
@@ -100,15 +100,15 @@ class BlobApp:
             # fsync off the event loop: concurrent uploads then share the disk's flushes
             _, errors = await asyncio.to_thread(self._commit, [(writer, id_)])
         except BlobTooLarge as exc:
-            await _reply(send, 413, {"error": str(exc)})
+            await json_reply(send, 413, {"error": str(exc)})
             return
         except BaseException:
             writer.abort()
             raise
         if errors:
-            await _reply(send, 400, {"error": f"not stored: {errors[0]}"})
+            await json_reply(send, 400, {"error": f"not stored: {errors[0]}"})
             return
-        await _reply(send, 200, {"id": "0x" + id_.hex(), "size": writer.size})
+        await json_reply(send, 200, {"id": "0x" + id_.hex(), "size": writer.size})
 
     def _commit(self, uploads: list[tuple[BlobWriter, bytes]]) -> tuple[list[str], list[str]]:
         """Group commit: each blob checked, then all fdatasynced at once on `SYNC_THREADS`
@@ -139,7 +139,7 @@ class BlobApp:
         limit = self.store.max_bytes + MAX_BATCH_BLOBS * (FRAME_LENGTH.size + ID_BYTES)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared and int(declared) > limit:
-            await _reply(send, 413, {"error": f"batch of {int(declared)} bytes exceeds the "
+            await json_reply(send, 413, {"error": f"batch of {int(declared)} bytes exceeds the "
                                               f"{limit}-byte limit"})
             return
         uploads: list[tuple[BlobWriter, bytes]] = []
@@ -189,9 +189,9 @@ class BlobApp:
             for w in [w for w, _ in uploads] + [writer] * (writer is not None):
                 w.abort()  # nothing of a broken batch is stored
             if isinstance(exc, BlobTooLarge):
-                await _reply(send, 413, {"error": f"blob {len(uploads)}: {exc}"})
+                await json_reply(send, 413, {"error": f"blob {len(uploads)}: {exc}"})
             elif isinstance(exc, ValueError):
-                await _reply(send, 400, {"error": f"not stored: {exc}"})
+                await json_reply(send, 400, {"error": f"not stored: {exc}"})
             elif not isinstance(exc, ConnectionAbortedError):
                 raise
             return
@@ -202,16 +202,16 @@ class BlobApp:
                 w.abort()
             raise
         if errors:
-            await _reply(send, 400, {"error": "not stored: " + "; ".join(errors),
+            await json_reply(send, 400, {"error": "not stored: " + "; ".join(errors),
                                      "stored": stored})
             return
-        await _reply(send, 200, {"ids": stored})
+        await json_reply(send, 200, {"ids": stored})
 
     async def _get(self, id_: bytes, send, head: bool) -> None:
         try:
             file = open(self.store.path(id_), "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
-            await _reply(send, 404, {"error": f"blob 0x{id_.hex()} not found"}, head=head)
+            await json_reply(send, 404, {"error": f"blob 0x{id_.hex()} not found"}, head=head)
             return
         with file:
             size = file.seek(0, 2)
@@ -232,8 +232,9 @@ def _finish(writers: list[BlobWriter]) -> None:
         writer.finish()
 
 
-async def _reply(send, status: int, body: dict, head: bool = False) -> None:
-    data = json.dumps(body).encode()
+async def json_reply(send, status: int, body, head: bool = False) -> None:
+    """A whole JSON response (the node's blob routes, JSON-RPC and long polls)."""
+    data = json.dumps(body, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": b"" if head else data})

@@ -17,7 +17,7 @@ from eth_abi import decode as abi_decode
 from eth_utils import to_checksum_address
 from fastapi import FastAPI, Request
 
-from chain.blobhttp import BlobApp
+from chain.blobhttp import BlobApp, json_reply
 from chain.compile import compiled_market
 from chain.node import PRIORITY_FEE, Node, TxRejected
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POOL_ADDRESS
@@ -569,14 +569,14 @@ class NodeApp:
             message = await receive()
             body += message.get("body", b"")
             if len(body) > MAX_RPC_BODY:
-                await _json(send, 413, {"error": f"request body over {MAX_RPC_BODY} bytes"})
+                await json_reply(send, 413, {"error": f"request body over {MAX_RPC_BODY} bytes"})
                 return
             if not message.get("more_body"):
                 break
         try:
             payload = json.loads(body)
         except ValueError:
-            await _json(send, 200, Rpc._error(None, RpcError(-32700, "parse error: body is "
+            await json_reply(send, 200, Rpc._error(None, RpcError(-32700, "parse error: body is "
                                                                      "not JSON")))
             return
         method = payload.get("method") if isinstance(payload, dict) else "batch"
@@ -592,7 +592,7 @@ class NodeApp:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
         else:
-            await _json(send, 200, reply)
+            await json_reply(send, 200, reply)
 
     async def wait(self, scope, send) -> None:
         """Long poll: answers once block `block` is sealed, or once transaction `tx` left the
@@ -616,10 +616,10 @@ class NodeApp:
             if logs is not None:
                 parse_address(logs, "logs")
         except ValueError as exc:
-            await _json(send, 400, {"error": f"block and timeout must be numbers: {exc}"})
+            await json_reply(send, 400, {"error": f"block and timeout must be numbers: {exc}"})
             return
         except RpcError as exc:
-            await _json(send, 400, {"error": exc.message})
+            await json_reply(send, 400, {"error": exc.message})
             return
         node, rpc = self.node, self.rpc
 
@@ -643,15 +643,7 @@ class NodeApp:
 
         answer = await anyio.to_thread.run_sync(sealed if tx_hash is None else mined,
                                                 limiter=self.waiters)
-        await _json(send, 200, answer)
-
-
-async def _json(send, status: int, value) -> None:
-    body = json.dumps(value, separators=(",", ":")).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+        await json_reply(send, 200, answer)
 
 
 def create_app(node: Node) -> NodeApp:
