@@ -29,14 +29,19 @@ def test_sign_vectors_follow_the_documented_derivation():
     assert np.array_equal(sign_vectors(SEED, n, rounds), expected)
 
 
-def test_field_vectors_follow_the_documented_derivation():
-    n, rounds = 11, 2
+@pytest.mark.parametrize("seed, n, rounds", [(SEED, 11, 2), (b"s", 1, 1), (bytes(200), 50, 3)])
+def test_field_vectors_follow_the_documented_derivation(seed, n, rounds):
+    """Stream v3: block b = SHAKE128("needle-net/freivalds/v3/" || key || b), key =
+    SHAKE128("needle-net/freivalds/v3:field-key" || len(seed) || seed || label), 32 bytes."""
     label = b"field:" + n.to_bytes(8, "big") + rounds.to_bytes(8, "big")
-    raw = shake_stream(SEED, label, 8 * 64)
-    words = [int.from_bytes(raw[8 * i : 8 * i + 8], "little") & P for i in range(64)]
+    key = hashlib.shake_128(b"needle-net/freivalds/v3:field-key" + len(seed).to_bytes(8, "big")
+                            + seed + label).digest(32)
+    raw = b"".join(hashlib.shake_128(b"needle-net/freivalds/v3/" + key + b.to_bytes(8, "big"))
+                   .digest(168) for b in range(n * rounds // 21 + 1))
+    words = [int.from_bytes(raw[8 * i : 8 * i + 8], "little") & P for i in range(len(raw) // 8)]
     accepted = [w for w in words if w != P][: n * rounds]
     expected = np.array([[accepted[q * n + j] for q in range(rounds)] for j in range(n)])
-    assert np.array_equal(field_vectors(SEED, n, rounds), expected)
+    assert np.array_equal(field_vectors(seed, n, rounds), expected)
 
 
 def test_same_seed_same_verdict_and_numbers_different_seed_different_vectors():

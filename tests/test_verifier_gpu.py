@@ -164,7 +164,7 @@ def test_fused_residues_match_python_integers(dtype, cols, rounds):
     words[0, :5] = np.uint64(P - 1) | np.uint64(7 << 61)
     bound = max(-int(low), int(high))
     out = cupy.empty((37, rounds), np.uint64)
-    verdict = cupy.empty(2, np.int64)
+    verdict = cupy.empty(3, np.int64)
     gpu_exact.residues(cupy.asarray(M), cupy.asarray(words), 1, cols, rounds, bound, None, out,
                        verdict)
     expected = _mod_p_reference(M, (words & np.uint64(P)).T)
@@ -183,17 +183,58 @@ def test_fused_residues_at_the_longest_dp4a_row():
     dM = cupy.asarray(M)
     assert gpu_exact.bytes_path(dM)
     gpu_exact.residues(dM, cupy.asarray(words), 1, cols, 1, 128, None, out,
-                       cupy.empty(2, np.int64))
+                       cupy.empty(3, np.int64))
     np.testing.assert_array_equal(cupy.asnumpy(out), _mod_p_reference(M, words.T))
 
 
-def test_device_vectors_are_the_field_vectors():
-    from verifier import P, gpu_exact
-    from verifier.rng import field_vectors
+@pytest.mark.parametrize("n, rounds", [(1, 1), (20, 1), (21, 1), (4096, 1), (333, 4),
+                                       (1000, 3), (8191, 2)])
+def test_keccak_on_the_device_derives_the_field_vectors(n, rounds):
+    """The device's words are SHAKE128's blocks bit for bit (hashlib, block by block), and
+    their low 61 bits are field_vectors, for many seeds (some longer than a block) and n
+    that are not multiples of a block's 21 words."""
+    import hashlib
 
-    for n, rounds in [(1, 1), (4096, 1), (333, 4)]:
-        words = cupy.asnumpy(gpu_exact.device_vectors(SEED, n, rounds)) & np.uint64(P)
-        np.testing.assert_array_equal(words.T, field_vectors(SEED, n, rounds).astype(np.uint64))
+    from verifier import P, gpu_exact
+    from verifier.rng import FIELD_BLOCK_DOMAIN, field_key, field_vectors
+
+    words = cupy.empty((rounds, n), np.uint64)
+    verdict = cupy.empty(3, np.int64)
+    for seed in (SEED, b"x", bytes(range(256)) * 2, n.to_bytes(32, "big")):
+        gpu_exact.derive_words(gpu_exact.device_vectors(seed, n, rounds), words, verdict)
+        got = cupy.asnumpy(words)
+        key = field_key(seed, n, rounds)
+        raw = b"".join(hashlib.shake_128(FIELD_BLOCK_DOMAIN + key + b.to_bytes(8, "big"))
+                       .digest(168) for b in range(-(-n * rounds // 21)))
+        np.testing.assert_array_equal(got.ravel(), np.frombuffer(raw, "<u8")[: n * rounds])
+        R = field_vectors(seed, n, rounds)
+        np.testing.assert_array_equal((got & np.uint64(P)).T, R.astype(np.uint64))
+        assert cupy.asnumpy(verdict).tolist() == [0, 2**63 - 1, 0]  # reset by the launch
+
+
+def test_a_rejected_word_is_flagged_by_the_residue_kernels():
+    """A word whose low 61 bits are p (stream v3 rejects it; probability 2^-61) sets the
+    verdict's third entry in B's and C's passes, so the check can take the host's vectors."""
+    from verifier import P, gpu_exact
+
+    rng = np.random.default_rng(11)
+    A = rng.integers(-128, 128, (40, 64), dtype=np.int8)
+    B = rng.integers(-128, 128, (64, 48), dtype=np.int8)
+    C = (A.astype(np.int64) @ B).astype(np.int32)
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    words = rng.integers(0, P, (1, 48), dtype=np.uint64)
+    bounds = (128, 2**31, 128)
+    verdict = gpu_exact.launch(dA, dB, dC, cupy.asarray(words), 1, bounds, 64 * 2**14)
+    assert cupy.asnumpy(verdict).tolist() == [0, 2**63 - 1, 0]
+    for value in (P, P | (7 << 61)):
+        rejected = words.copy()
+        rejected[0, 47] = value
+        verdict = gpu_exact.launch(dA, dB, dC, cupy.asarray(rejected), 1, bounds, 64 * 2**14)
+        assert int(verdict[2]) == 1
+    flags = cupy.zeros(3, np.int64)  # C's pass alone (int32 rows) flags it too
+    gpu_exact.residues(dC, cupy.asarray(rejected), 1, 48, 1, 2**31, None,
+                       cupy.empty((40, 1), np.uint64), flags)
+    assert int(flags[2]) == 1
 
 
 @pytest.mark.parametrize("rounds", [1, 2, 4, 5])
@@ -360,6 +401,6 @@ def test_fused_residues_of_rows_at_any_alignment(dtype, offset):
     words = rng.integers(0, 2**64, (2, cols), dtype=np.uint64, endpoint=False)
     out = cupy.empty((rows, 2), np.uint64)
     gpu_exact.residues(dM, cupy.asarray(words), 1, cols, 2, max(-int(info.min), int(info.max)),
-                       None, out, cupy.empty(2, np.int64))
+                       None, out, cupy.empty(3, np.int64))
     expected = _mod_p_reference(M, (words & np.uint64(gpu_exact.P)).T)
     np.testing.assert_array_equal(cupy.asnumpy(out), expected)

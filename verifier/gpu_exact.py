@@ -1,7 +1,7 @@
-"""Exact mode on a GPU in three kernel launches and one 24-byte copy back: B R, C R and A (B R)
-are reduced mod p = 2^61 - 1 inside the kernels, straight from the int8/int32 data (no
-converted copy, no limb arrays), and the last launch compares A (B R) with C R and counts the
-rows that differ on the device.
+"""Exact mode on a GPU in four kernel launches and one 24-byte copy back: the vectors, then
+B R, C R and A (B R) reduced mod p = 2^61 - 1 inside the kernels, straight from the
+int8/int32 data (no converted copy, no limb arrays); the last launch compares A (B R) with
+C R and counts the rows that differ on the device.
 
 A row of M times a vector v with entries in [0, p) is summed in integers that cannot
 overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share of the row.
@@ -15,19 +15,21 @@ overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share o
 Each lane turns its limb sums into one residue (sum_t (S_t mod p) 2^(w t), a shift being a
 61-bit rotation mod p) and the warp adds the 32 residues mod p.
 
-The vectors go to the device as the raw SHAKE128 words of rng.field_vectors; the kernels keep
-their low 61 bits. That is field_vectors itself unless a word's low 61 bits are all ones
-(rejected there, probability 2^-61 per word): such streams take the host derivation.
+The vectors never travel: a first launch derives the words of stream v3 (rng.field_vectors)
+from the 32-byte key, one Keccak-f[1600] permutation per thread, and the kernels keep their
+low 61 bits. That is field_vectors itself unless a word's low 61 bits are all ones (rejected
+there, probability 2^-61 per word): the residue kernels flag such a word in the verdict, and
+the check is then re-run with the host's derivation.
 """
 from __future__ import annotations
 
 import threading
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
-from verifier.rng import P, field_label, field_vectors, stream
+from verifier.rng import BLOCK_WORDS, FIELD_BLOCK_DOMAIN, P, field_key, field_vectors
 
 
 class Launch(NamedTuple):
@@ -53,7 +55,83 @@ C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
            "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
            "int64": "long long"}
 REGISTER_TYPES = {"uint32": "unsigned int", "int64": "long long"}  # else int
+WORDS_THREADS = 64  # Keccak threads per block (one stream block each)
+VERDICT_RESET = np.array([0, 2**63 - 1, 0], np.int64)
 _WORKSPACE_IN_USE = threading.Lock()  # one check at a time per workspace (host threads)
+
+WORDS_SOURCE = r"""
+typedef unsigned long long u64;
+__device__ __forceinline__ u64 big_endian(u64 x) {  // the lane whose bytes are x's, high first
+    return ((u64)__byte_perm((unsigned int)x, 0, 0x0123) << 32)
+           | __byte_perm((unsigned int)(x >> 32), 0, 0x0123);
+}
+__device__ __forceinline__ u64 rotl64(u64 x, int s) { return (x << s) | (x >> (64 - s)); }
+
+__device__ __forceinline__ void keccak_f(u64 (&a)[25]) {
+    const u64 round_constants[24] = {
+        0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808aULL,
+        0x8000000080008000ULL, 0x000000000000808bULL, 0x0000000080000001ULL,
+        0x8000000080008081ULL, 0x8000000000008009ULL, 0x000000000000008aULL,
+        0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000aULL,
+        0x000000008000808bULL, 0x800000000000008bULL, 0x8000000000008089ULL,
+        0x8000000000008003ULL, 0x8000000000008002ULL, 0x8000000000000080ULL,
+        0x000000000000800aULL, 0x800000008000000aULL, 0x8000000080008081ULL,
+        0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL};
+    const int rotation[24] = {1, 3, 6, 10, 15, 21, 28, 36, 45, 55, 2, 14,
+                              27, 41, 56, 8, 25, 43, 62, 18, 39, 61, 20, 44};
+    const int lane[24] = {10, 7, 11, 17, 18, 3, 5, 16, 8, 21, 24, 4,
+                          15, 23, 19, 13, 12, 2, 20, 14, 22, 9, 6, 1};
+    for (int round = 0; round < 24; ++round) {
+        u64 c[5];
+        #pragma unroll
+        for (int x = 0; x < 5; ++x) c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
+        #pragma unroll
+        for (int x = 0; x < 5; ++x) {
+            const u64 d = c[(x + 4) % 5] ^ rotl64(c[(x + 1) % 5], 1);
+            #pragma unroll
+            for (int y = 0; y < 25; y += 5) a[y + x] ^= d;
+        }
+        u64 carried = a[1];
+        #pragma unroll
+        for (int i = 0; i < 24; ++i) {
+            const u64 next = a[lane[i]];
+            a[lane[i]] = rotl64(carried, rotation[i]);
+            carried = next;
+        }
+        #pragma unroll
+        for (int y = 0; y < 25; y += 5) {
+            u64 row[5];
+            #pragma unroll
+            for (int x = 0; x < 5; ++x) row[x] = a[y + x];
+            #pragma unroll
+            for (int x = 0; x < 5; ++x) a[y + x] = row[x] ^ (~row[(x + 1) % 5] & row[(x + 2) % 5]);
+        }
+        a[0] ^= round_constants[round];
+    }
+}
+
+// Words 0 .. count - 1 of a field vector (stream v3, verifier/rng.py), BLOCK_WORDS per
+// thread: block b = SHAKE128(FIELD_BLOCK_DOMAIN || key || b as 8 bytes big-endian), one
+// permutation of the padded 64-byte input. Thread 0 also resets the verdict.
+extern "C" __global__ void field_words(u64 key0, u64 key1, u64 key2, u64 key3,
+                                       u64* __restrict__ words, long long count,
+                                       long long* __restrict__ verdict) {
+    const long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b == 0) {
+        verdict[0] = 0;
+        verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
+        verdict[2] = 0;
+    }
+    if (b * BLOCK_WORDS >= count) return;
+    u64 a[25] = {DOMAIN0, DOMAIN1, DOMAIN2, key0, key1, key2, key3,
+                 big_endian((u64)b), 0x1FULL};  // the rest 0; SHAKE's padding 0x1F .. 0x80
+    a[BLOCK_WORDS - 1] ^= 0x8000000000000000ULL;
+    keccak_f(a);
+    #pragma unroll
+    for (int i = 0; i < BLOCK_WORDS; ++i)
+        if (b * BLOCK_WORDS + i < count) words[b * BLOCK_WORDS + i] = a[i];
+}
+"""
 
 SOURCE = r"""
 typedef unsigned long long u64;
@@ -73,22 +151,20 @@ __device__ __forceinline__ u64 rotate(u64 y, int s) {  // y 2^s mod p, y in [0, 
     return s == 0 ? y : (((y << s) & PRIME) | (y >> (61 - s)));
 }
 
+// Keccak-f[1600] (FIPS 202): 24 rounds of theta, rho, pi, chi, iota on 25 64-bit lanes
+// (lane x + 5 y); the tables walk rho and pi along the lane cycle that starts at lane 1.
 // out[i, q] = (M_i . V_q) mod p for the rows of M; V entry (j, q) at V[j * vj + q * vq], low
-// 61 bits kept. compare: instead of writing out, counts the rows where some q has a residue
-// != Z into verdict[0] and the smallest such row into verdict[1]. init: resets verdict.
+// 61 bits kept (a word whose low 61 bits are p, which stream v3 rejects, sets verdict[2]).
+// compare: instead of writing out, counts the rows where some q has a residue != Z into
+// verdict[0] and the smallest such row into verdict[1].
 extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __restrict__ V,
                                     long long vj, long long vq, u64* __restrict__ out,
                                     const u64* __restrict__ Z, long long* __restrict__ verdict,
-                                    long long rows, long long cols, long long limit, int compare,
-                                    int init) {
+                                    long long rows, long long cols, long long limit, int compare) {
     __shared__ __align__(16) unsigned int tile[VX_K * VX_L * VX_TILE];
     const int lane = threadIdx.x & 31;
     const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long first = warp * VX_RPW;
-    if (init && blockIdx.x == 0 && threadIdx.x == 0) {
-        verdict[0] = 0;
-        verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
-    }
 #if VX_BYTES
     int acc[VX_RPW][VX_K][VX_L];
     const long long words = cols >> 2;  // 4 entries of M per 32-bit word
@@ -119,6 +195,7 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const u64 v = jj < width ? V[(4 * (j0 + jj) + e) * vj + q * vq] & PRIME : 0;
+                if (v == PRIME) verdict[2] = 1;
                 half[0][e] = (unsigned int)v;
                 half[1][e] = (unsigned int)(v >> 32);
             }
@@ -137,6 +214,7 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
             }
 #else  // limb l of entry jj, VX_W bits
             const u64 v = jj < width ? V[(j0 + jj) * vj + q * vq] & PRIME : 0;
+            if (v == PRIME) verdict[2] = 1;
             #pragma unroll
             for (int l = 0; l < VX_L; ++l)
                 tile[(q * VX_L + l) * VX_TILE + jj] =
@@ -325,7 +403,7 @@ def _config(dtype: str, rows: int, cols: int, alignment: int, rounds: int, bound
 
 
 def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None, out,
-             verdict, compare: bool = False, init: bool = False) -> None:
+             verdict, compare: bool = False) -> None:
     """One launch on the current stream: out = (M V) mod p, or with compare the comparison
     of (M V) mod p with out into verdict. limit: entries of M above it in magnitude mark
     their row (bound is then limit)."""
@@ -333,50 +411,86 @@ def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None,
     config = _config(M.dtype.name, rows, cols, _alignment(M), rounds, bound, limit is not None)
     config.kernel(config.grid, config.block,
                   (M, V, np.int64(vj), np.int64(vq), out, out, verdict, np.int64(rows),
-                   np.int64(cols), np.int64(limit or 0), np.int32(compare), np.int32(init)))
+                   np.int64(cols), np.int64(limit or 0), np.int32(compare)))
 
 
-def device_vectors(seed: bytes, n: int, rounds: int):
-    """(rounds, n) uint64 words on the device whose low 61 bits are field_vectors(seed, n,
-    rounds).T: the raw stream when no word can be rejected (low 61 bits all ones needs 7
-    bytes 0xff in a row, which one bytes search rules out), else the host's derivation."""
+class Vectors(NamedTuple):
+    """What the device derives a check's field vectors from: field_key's 32 bytes as four
+    little-endian 64-bit lanes (kernel arguments), and seed, n, rounds for the host."""
+
+    seed: bytes
+    n: int
+    rounds: int
+    key: tuple
+
+
+def device_vectors(seed: bytes, n: int, rounds: int) -> Vectors:
+    """The vectors of field_vectors(seed, n, rounds), to be derived on the device by the
+    check itself (one hashlib call here: the key)."""
+    key = field_key(seed, n, rounds)
+    lanes = tuple(np.uint64(int.from_bytes(key[i : i + 8], "little")) for i in (0, 8, 16, 24))
+    return Vectors(seed, n, rounds, lanes)
+
+
+@cache
+def _words_kernel():
     import cupy
 
-    raw = stream(seed, field_label(n, rounds), 8 * n * rounds)
-    if b"\xff" * 7 in raw:  # some word might be p: derive exactly as field_vectors does
-        return cupy.asarray(field_vectors(seed, n, rounds).T.astype(np.uint64))
-    return cupy.asarray(np.frombuffer(raw, np.uint64).reshape(rounds, n))
+    domain = [int.from_bytes(FIELD_BLOCK_DOMAIN[i : i + 8], "little") for i in (0, 8, 16)]
+    options = (*(f"-DDOMAIN{i}={lane:#x}ULL" for i, lane in enumerate(domain)),
+               f"-DBLOCK_WORDS={BLOCK_WORDS}")
+    return cupy.RawKernel(WORDS_SOURCE, "field_words", options=options)
+
+
+def derive_words(vectors: Vectors, words, verdict) -> None:
+    """One launch on the current stream: words (rounds, n) uint64 = the first n * rounds words
+    of stream v3 (their low 61 bits are field_vectors(...).T unless one is p, which the
+    residue kernels report in verdict[2]); verdict reset."""
+    count = vectors.n * vectors.rounds
+    threads = -(-count // BLOCK_WORDS)
+    _words_kernel()((-(-threads // WORDS_THREADS),), (WORDS_THREADS,),
+                    (*vectors.key, words, np.int64(count), verdict))
 
 
 class Workspace(NamedTuple):
     """Device buffers of one shape and what runs C's pass beside B's, kept between calls."""
 
+    words: object  # (rounds, n) uint64: the vectors' stream words
     X: object  # (k, rounds) uint64: B R mod p
     Z: object  # (m, rounds) uint64: C R mod p
-    verdict: object  # (2,) int64: rows that differ, the first of them
+    verdict: object  # (3,) int64: rows that differ, the first of them, a word was rejected
     side: object  # a second stream for C's pass
     ready: object  # event: the vectors are on the device
     done: object  # event: C's pass is over
 
 
 @lru_cache(maxsize=8)
-def _workspace(m: int, k: int, rounds: int, device: int) -> Workspace:
+def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     import cupy
 
     event = cupy.cuda.Event
-    return Workspace(cupy.empty((k, rounds), np.uint64), cupy.empty((m, rounds), np.uint64),
-                     cupy.empty(2, np.int64), cupy.cuda.Stream(non_blocking=True),
-                     event(disable_timing=True), event(disable_timing=True))
+    return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
+                     cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
+                     cupy.cuda.Stream(non_blocking=True), event(disable_timing=True),
+                     event(disable_timing=True))
 
 
-def launch(A, B, C, words, rounds: int, bounds: tuple[int, int, int], product_bound: int):
+def launch(A, B, C, vectors, rounds: int, bounds: tuple[int, int, int], product_bound: int):
     """Enqueue the check on the current stream (C's pass on a second stream beside B's);
-    returns the device verdict (rows that differ, the first such row)."""
+    returns the device verdict (rows that differ, the first such row, whether a word was
+    rejected). vectors: a Vectors, derived by the first launch, or (rounds, n) words already
+    on the device."""
     import cupy
 
     (m, k), n = A.shape, B.shape[1]
     bound_b, bound_c, bound_a = bounds
-    ws = _workspace(m, k, rounds, cupy.cuda.Device().id)
+    ws = _workspace(m, k, n, rounds, cupy.cuda.runtime.getDevice())
+    if isinstance(vectors, Vectors):
+        derive_words(vectors, ws.words, ws.verdict)
+        words = ws.words
+    else:
+        ws.verdict.set(VERDICT_RESET)
+        words = vectors
     main = cupy.cuda.get_current_stream()
     ws.ready.record(main)
     ws.side.wait_event(ws.ready)
@@ -384,21 +498,29 @@ def launch(A, B, C, words, rounds: int, bounds: tuple[int, int, int], product_bo
     with ws.side:
         residues(C, words, 1, n, rounds, min(bound_c, product_bound), limit, ws.Z, ws.verdict)
         ws.done.record(ws.side)
-    residues(B, words, 1, n, rounds, bound_b, None, ws.X, ws.verdict, init=True)
+    residues(B, words, 1, n, rounds, bound_b, None, ws.X, ws.verdict)
     main.wait_event(ws.done)
     residues(A, ws.X, rounds, 1, rounds, bound_a, None, ws.Z, ws.verdict, compare=True)
     return ws.verdict
 
 
-def check(A, B, C, words, rounds: int, bounds: tuple[int, int, int],
+def check(A, B, C, vectors: Vectors, rounds: int, bounds: tuple[int, int, int],
           product_bound: int) -> tuple[int, int]:
     """(rows where A (B R) != C R mod p or C holds an entry above product_bound, the first
-    such row) for 2-D device matrices that supported() accepts. words: device_vectors(seed,
+    such row) for 2-D device matrices that supported() accepts. vectors: device_vectors(seed,
     n, rounds). bounds: max|B|, max|C|, max|A| as known from the dtypes or the data."""
+    import cupy
+
     with _WORKSPACE_IN_USE:
-        wrong, first = (int(x) for x in launch(A, B, C, words, rounds, bounds,
-                                                product_bound).get())
+        wrong, first, rejected = (int(x) for x in launch(A, B, C, vectors, rounds, bounds,
+                                                          product_bound).get())
+        if rejected:  # a word is p (2^-61 each): the host's derivation skips it
+            R = field_vectors(vectors.seed, vectors.n, vectors.rounds)
+            words = cupy.asarray(np.ascontiguousarray(R.T, dtype=np.uint64))
+            wrong, first, _ = (int(x) for x in launch(A, B, C, words, rounds, bounds,
+                                                       product_bound).get())
     return wrong, (first if wrong else 0)
 
 
 assert P == (1 << 61) - 1  # the kernel's PRIME
+assert len(FIELD_BLOCK_DOMAIN) == 24  # the kernel's lanes 0-2; key 3-6, counter 7
