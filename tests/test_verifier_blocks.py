@@ -1,6 +1,7 @@
-"""The row-blocked host pass (verifier.arrays.products) against an unblocked reference:
-block boundaries, sizes that are no multiple of the block, narrow and wide W, conversions,
-and whole verdicts of verify() with the blocked pass against the same check unblocked."""
+"""The row-blocked host passes against references: verifier.arrays.products against an
+unblocked evaluation (block boundaries, sizes that are no multiple of the block, narrow and
+wide W, conversions), float verdicts of verify() against the same check unblocked, and exact
+verdicts in 2-row blocks against the wrong rows found with Python integers."""
 import numpy as np
 import pytest
 
@@ -54,11 +55,6 @@ def test_blocked_products_of_strided_float32_views_match(block_rows, columns):
     assert M.base is not None and M.flags.f_contiguous  # the input was not made contiguous
 
 
-def _with_reference(monkeypatch):
-    monkeypatch.setattr(floating, "products", unblocked_products)
-    monkeypatch.setattr(exact, "products", unblocked_products)
-
-
 @pytest.mark.parametrize("rounds", [1, 2, 16])
 @pytest.mark.parametrize("shape", [(1, 1, 1), (13, 7, 11), (70, 33, 9)])
 def test_float_verdicts_and_excesses_equal_the_unblocked_check(monkeypatch, rounds, shape):
@@ -76,7 +72,7 @@ def test_float_verdicts_and_excesses_equal_the_unblocked_check(monkeypatch, roun
     monkeypatch.setattr(arrays, "BLOCK_BYTES", 3 * max(k, n) * 4)  # 3-row blocks or fewer
     blocked = [verify(A, B, C, rounds=rounds, seed=seed) for C in (honest, wrong)]
     parts = [floating.residual_and_bound(np, A, B, C, R, "fp32") for C in (honest, wrong)]
-    _with_reference(monkeypatch)
+    monkeypatch.setattr(floating, "products", unblocked_products)
     reference = [verify(A, B, C, rounds=rounds, seed=seed) for C in (honest, wrong)]
     want_parts = [floating.residual_and_bound(np, A, B, C, R, "fp32") for C in (honest, wrong)]
     for (residual, tau), (want_residual, want_tau) in zip(parts, want_parts, strict=True):
@@ -91,12 +87,15 @@ def test_float_verdicts_and_excesses_equal_the_unblocked_check(monkeypatch, roun
 
 @pytest.mark.parametrize("c_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("shape", [(1, 1, 1), (9, 5, 7), (37, 20, 3)])
-def test_exact_verdicts_equal_the_unblocked_check(monkeypatch, c_dtype, shape):
+def test_exact_verdicts_in_row_blocks_count_the_wrong_rows(monkeypatch, c_dtype, shape):
+    """2-row blocks of every matrix: the honest C passes; a wrong C fails with exactly its
+    wrong rows counted (found with Python integers) and the first of them named."""
     m, k, n = shape
     rng = np.random.default_rng(m * k * n)
     A = rng.integers(-128, 128, (m, k), dtype=np.int8)
     B = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    honest = (A.astype(np.int64) @ B).astype(c_dtype)
+    product = A.astype(object) @ B.astype(object)
+    honest = product.astype(c_dtype)
     wrong = honest.copy()
     wrong[m - 1, 0] += 1
     if m > 2:
@@ -105,10 +104,9 @@ def test_exact_verdicts_equal_the_unblocked_check(monkeypatch, c_dtype, shape):
         wrong[0, 0] += 1 << 40  # too large to be the product, still a mod-p mismatch row
     elif m > 3:
         wrong[3, 0] = k * 128 * 128 + 1  # above the product bound: a marked row
-    monkeypatch.setattr(arrays, "BLOCK_BYTES", 2 * max(k, n) * 8)  # 2-row float64 blocks
-    blocked = [verify(A, B, C, precision="exact", seed=b"b") for C in (honest, wrong)]
-    _with_reference(monkeypatch)
-    reference = [verify(A, B, C, precision="exact", seed=b"b") for C in (honest, wrong)]
-    assert [r.passed for r in blocked] == [r.passed for r in reference] == [True, False]
-    assert [r.worst_excess for r in blocked] == [r.worst_excess for r in reference]
-    assert blocked[1].reason == reference[1].reason
+    monkeypatch.setattr(exact, "BLOCK_BYTES", 2 * max(k, n) * 8)
+    wrong_rows = np.flatnonzero((wrong.astype(object) != product).any(axis=1))
+    assert verify(A, B, honest, precision="exact", seed=b"b").passed
+    result = verify(A, B, wrong, precision="exact", seed=b"b")
+    assert not result.passed and result.worst_excess == len(wrong_rows)
+    assert result.reason == f"{len(wrong_rows)} rows differ mod p, first row {wrong_rows[0]}"

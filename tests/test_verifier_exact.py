@@ -3,7 +3,7 @@ every wrong one fails, including a result that is right only modulo p."""
 import numpy as np
 import pytest
 
-from verifier import P, verify, verify_many
+from verifier import P, exact, verify, verify_many
 from verifier.exact import SPLIT, digit_width, matmul_mod_p, signed_digits
 
 SEEDS = [bytes([i]) * 32 for i in range(5)]
@@ -97,29 +97,51 @@ def test_matmul_mod_p_marks_rows_above_the_limit():
     assert np.array_equal(got, want)
 
 
-def test_checked_mod_p_with_a_digit_width_per_block():
+def test_host_mod_p_with_a_digit_width_per_block(monkeypatch):
     """Row blocks of very different magnitudes (so different digit widths, down to the
     limit's own) in one matrix, a row at the limit itself, vectors with p - 1: every row
     exact against Python integers, rows with an entry past the limit p."""
-    from verifier.arrays import BLOCK_BYTES
-    from verifier.exact import checked_mod_p
-
+    inner, limit, block = 4096, 1 << 26, 3
+    monkeypatch.setattr(exact, "BLOCK_BYTES", block * inner * 8)
     rng = np.random.default_rng(11)
-    inner, limit = 4096, 1 << 26
-    block = BLOCK_BYTES // (inner * 8)
     tops = [1 << 8, limit, 1 << 20, 1 << 14]
     M = np.concatenate([rng.integers(-top, top, (block, inner), dtype=np.int64, endpoint=True)
                         for top in tops]).astype(np.int32)
     M[block, :] = -limit  # a whole row at the limit
-    M[2 * block + 3, 7] = limit + 1  # past it: the row gets p
+    M[2 * block + 1, 7] = limit + 1  # past it: the row gets p
     V = rng.integers(0, P, (inner, 2), dtype=np.int64)
     V[:, 0] = P - 1
     widths = {digit_width(top, inner, 1 << 53) for top in tops}
     assert len(widths) == 4 and min(widths) == digit_width(limit, inner, 1 << 53)
     want = reference_mod_p(M, V)
-    want[2 * block + 3] = P
-    assert np.array_equal(checked_mod_p(M, V, limit), want)
+    want[2 * block + 1] = P
+    assert np.array_equal(exact.host_mod_p(M, V, 1 << 31, limit), want)
     assert np.array_equal(matmul_mod_p(np, M, V, 1 << 31, limit=limit), want)
+
+
+@pytest.mark.parametrize("block", [1, 3, 64])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32, np.uint32])
+def test_host_mod_p_in_row_blocks_matches_python_integers(monkeypatch, block, dtype):
+    """Blocks of 1, 3 and 64 rows (a remainder after the last whole one), one to three
+    vector columns, the dtype's extremes, a strided (transposed) input that must not be
+    copied, with and without a limit checked against the data."""
+    inner = 300
+    monkeypatch.setattr(exact, "BLOCK_BYTES", block * inner * 8)
+    rng = np.random.default_rng(block)
+    bound = exact.dtype_magnitude(dtype)
+    for rows, cols in [(1, 1), (7, 3), (100, 2)]:
+        M = integers(rng, (rows, inner), dtype)
+        M[0, 0], M[-1, -1] = np.iinfo(dtype).min, np.iinfo(dtype).max
+        V = rng.integers(0, P, (inner, cols), dtype=np.int64)
+        V[0] = P - 1
+        want = reference_mod_p(M, V)
+        assert np.array_equal(exact.host_mod_p(M, V, bound), want)
+        strided = np.asfortranarray(M.T).T  # the same matrix, column-major
+        assert np.array_equal(exact.host_mod_p(strided, V, bound), want)
+        if bound > 1000:  # a limit below the dtype's: rows with a larger entry get p
+            over = (np.abs(M.astype(np.int64)) > 1000).any(axis=1)
+            assert np.array_equal(exact.host_mod_p(M, V, bound, 1000),
+                                  np.where(over[:, None], P, want))
 
 
 def honest(A, B):

@@ -14,10 +14,11 @@ from types import ModuleType
 
 import numpy as np
 
-from verifier.arrays import BLOCK_BYTES, NARROW, products
+from verifier.arrays import products
 from verifier.rng import P
 
 SPLIT = 1 << 32  # entries at least this large are split into 32-bit halves first
+BLOCK_BYTES = 1 << 21  # a float64 row block of host_mod_p: 64 rows at k = 4096, in L3
 
 
 def dtype_magnitude(dtype) -> int:
@@ -76,10 +77,11 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int, limit: int | None = None):
     V in [0, p) (int64). limit (host only): a bound that M's entries are checked against
     instead of trusted; rows holding a larger entry get the value p, which no residue
     equals (a C with such an entry is not the product)."""
+    if xp is np and M.ndim == 2 and _float64_digits(bound if limit is None else limit,
+                                                    V.shape[0]):
+        return host_mod_p(M, V, bound, limit)
     flags = None
     if limit is not None:
-        if limit < SPLIT and digit_width(limit, V.shape[0], 1 << 53) >= 8:
-            return checked_mod_p(M, V, limit)
         bound, flags = limit, np.zeros(M.shape[0], bool)
     if bound >= SPLIT:
         M64 = M.astype(np.int64, copy=False)
@@ -98,56 +100,67 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int, limit: int | None = None):
     with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
         residues = sums.astype(np.int64).reshape(-1, limbs, cols) % P
     shifts = xp.arange(limbs, dtype=np.int64)[:, None] * width
-    terms = rotate(residues, shifts)  # (M d_t) 2^(w t) mod p, each in [0, p); w t < 61
-    high = (terms >> 32).sum(axis=1)  # at most 31 terms: both sums stay below p
-    low = (terms & (SPLIT - 1)).sum(axis=1)
-    result = add_mod(xp, rotate(high, 32), low)
+    result = _recombine(xp, residues, shifts, axis=1)
     if flags is not None:
         result[flags] = P
     return result
 
 
-def checked_mod_p(M: np.ndarray, V: np.ndarray, limit: int) -> np.ndarray:
-    """(M @ V) mod p for a host matrix M whose entries are checked against limit (rows
-    holding a larger entry get p), with the digit width chosen per row block from the
-    block's own largest entry: blocks of smaller entries take fewer, wider digits (int8
-    products at k = 4096: 3 columns of 21 bits where the limit allows 4 of 16). Every partial
-    sum stays within 2^53: exact in float64 in any order."""
+def _float64_digits(bound: int, inner: int) -> bool:
+    """Whether entries up to bound take digits of at least 8 bits in float64."""
+    return bound < SPLIT and digit_width(bound, inner, 1 << 53) >= 8
+
+
+def _recombine(xp: ModuleType, residues, shifts, axis: int):
+    """sum_t residues_t 2^shift_t mod p over the digit axis; every shift below 61."""
+    terms = rotate(residues, shifts)  # (M d_t) 2^(w t) mod p, each in [0, p)
+    high = (terms >> 32).sum(axis=axis)  # at most 31 terms: both sums stay below p
+    low = (terms & (SPLIT - 1)).sum(axis=axis)
+    return add_mod(xp, rotate(high, 32), low)
+
+
+def host_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = None
+               ) -> np.ndarray:
+    """(M @ V) mod p for a 2-D host matrix, one row block at a time: each block is converted
+    to float64 once while it is in cache and taken against all its digit columns in one
+    matmul call (a matrix-vector product each: OpenBLAS's skinny gemm is slower). Every
+    partial sum stays within 2^53: exact in float64 in any order.
+
+    With limit (C, checked against the product's bound rather than trusted up to its
+    dtype's), each block's digit width comes from the block's own largest entry (int8
+    products at k = 4096: 3 columns of 21 bits where the limit allows 4 of 16), and rows
+    holding an entry above limit get p."""
     inner, cols = V.shape
     rows = M.shape[0]
-    most = -(-61 // digit_width(limit, inner, 1 << 53))  # digits at the narrowest width
-    sums = np.zeros((most * cols, rows))  # column t cols + j: digit t of column j of V
-    widths = np.empty(rows, np.int64)
+    width = digit_width(bound if limit is None else limit, inner, 1 << 53)
+    most = -(-61 // width)  # digits at the narrowest width
+    sums = np.zeros((most * cols, 1, rows))  # row t cols + j: digit t of column j of V
+    widths = np.full(rows, width)
     flags = np.zeros(rows, bool)
-    digits = {}  # width -> (limbs * cols, inner) float64, one row per digit column
+    digits = {}  # width -> (limbs * cols, 1, inner) float64, one digit column each
     step = max(1, BLOCK_BYTES // (inner * 8))
     buf = np.empty((min(step, rows), inner))
     for i in range(0, rows, step):
         blk = M[i : i + step]
         end = i + blk.shape[0]
-        top = max(int(blk.max()), -int(blk.min()))
-        if top > limit:
-            flags[i:end] = ((blk > limit) | (blk < -limit)).any(axis=1)
-        width = digit_width(min(top, limit), inner, 1 << 53)
-        if width not in digits:
+        if limit is not None:
+            top = max(int(blk.max()), -int(blk.min()))
+            if top > limit:
+                flags[i:end] = ((blk > limit) | (blk < -limit)).any(axis=1)
+            width = digit_width(min(top, limit), inner, 1 << 53)
+            widths[i:end] = width
+        W = digits.get(width)
+        if W is None:
             pieces = signed_digits(np, V, width).reshape(inner, -1)
-            digits[width] = np.ascontiguousarray(pieces.T, dtype=np.float64)
-        W, out = digits[width], buf[: end - i]
+            W = digits[width] = np.ascontiguousarray(pieces.T, dtype=np.float64)[:, None]
+        out = buf[: end - i]
         np.copyto(out, blk, casting="unsafe")
-        if W.shape[0] <= NARROW:
-            for q, column in enumerate(W):
-                np.matmul(out, column, out=sums[q, i:end])
-        else:
-            sums[: W.shape[0], i:end] = (out @ W.T).T
-        widths[i:end] = width
+        np.matmul(W, out.T, out=sums[: W.shape[0], :, i:end])
     with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
         residues = sums.astype(np.int64).reshape(most, cols, rows) % P
     # digit t of a row is shifted by t * width (below 61); digits a row does not have are 0
     shifts = np.minimum(np.arange(most)[:, None] * widths, 60)[:, None, :]
-    terms = rotate(residues, shifts)
-    high = (terms >> 32).sum(axis=0)  # at most 31 terms: both sums stay below p
-    low = (terms & (SPLIT - 1)).sum(axis=0)
-    result = add_mod(np, rotate(high, 32), low).T.copy()
+    result = _recombine(np, residues, shifts, axis=0).T.copy()
     result[flags] = P
     return result
 
