@@ -37,7 +37,6 @@ FRAME_LENGTH = struct.Struct("<Q")  # a batch frame: <u64 length><blob><sha256 o
 ID_BYTES = 32
 MAX_BATCH_BLOBS = 256  # blobs per POST (each holds a temp file open until the batch commits)
 BATCH_BYTES = 8 << 20  # the client batches blobs below STREAM_BYTES up to this much
-SYNC_THREADS = 16  # fdatasyncs of one batch in flight together
 HASH_THREAD_BYTES = 8 << 20  # downloads from this size are hashed on a second thread
 HASH_STEP = 1 << 20  # ... in steps of this size (measured: a gain at 16 MiB, a loss at 4)
 HASH_THREADS = 8  # streamed uploads hashed at once (put_arrays runs up to 8 uploads)
@@ -52,12 +51,128 @@ class BlobNotFound(BlobError, KeyError):
     """The store has no blob with this id."""
 
 
-class BlobApp:
-    """`PUT/GET/HEAD <mount>/0x<id>` over a BlobStore (ASGI)."""
+class BatchReceiver:
+    """The body of `POST <mount>`: several blobs, each framed as <u64 length><blob>
+    <sha256(blob)>. The id follows the bytes, so a sender can hash while it sends; each blob
+    goes to a `BlobWriter` as it arrives and is stored (`BlobStore.commit_uploads`) only if
+    it matches. Fed the body in pieces by either server (`feed`), which between pieces
+    hashes and writes the small blobs held (`finish_held`, when `holds_too_much`) and waits
+    for a large blob's lagging step (`lagging`). Pieces must not change afterwards."""
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
-        self.sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="blob-sync")
+        self.limit = store.max_bytes + MAX_BATCH_BLOBS * (FRAME_LENGTH.size + ID_BYTES)
+        self.uploads: list[tuple[BlobWriter, bytes]] = []
+        self.starts: list[int] = []  # where each blob's bytes begin in the body
+        self.writer: BlobWriter | None = None  # the blob being received
+        self.remaining = 0  # of its bytes
+        self.pending = bytearray()  # a length or an id being received
+        self.total = self.held = 0
+        self.position = 0  # body bytes consumed
+        self.unsettled = 0  # the first upload whose writer may still need its bytes
+
+    def check_declared(self, length: int) -> None:
+        if length > self.limit:
+            raise BlobTooLarge(f"batch of {length} bytes exceeds the {self.limit}-byte limit")
+
+    def feed(self, body: memoryview) -> None:
+        """Take the next piece of the body. ValueError (BlobTooLarge: 413) says what is
+        wrong with the batch."""
+        self.total += len(body)
+        if self.total > self.limit:
+            raise BlobTooLarge(f"batch exceeds the {self.limit}-byte limit")
+        while body:
+            if self.writer is not None and self.remaining:  # inside a blob's bytes
+                take = body[:self.remaining]
+                self.writer.write(take)
+                self.remaining -= len(take)
+                body = body[len(take):]
+                self.position += len(take)
+                continue
+            need = ID_BYTES if self.writer is not None else FRAME_LENGTH.size
+            take = body[:need - len(self.pending)]
+            self.pending += take
+            body = body[len(take):]
+            self.position += len(take)
+            if len(self.pending) < need:
+                continue
+            if self.writer is None:  # a length: the next blob starts
+                if len(self.uploads) == MAX_BATCH_BLOBS:
+                    raise ValueError(f"more than {MAX_BATCH_BLOBS} blobs in one batch")
+                (self.remaining,) = FRAME_LENGTH.unpack(self.pending)
+                self.writer = self.store.writer(self.remaining)
+                self.starts.append(self.position)
+            else:  # its id: the blob is complete
+                self.uploads.append((self.writer, bytes(self.pending)))
+                self.held += self.writer.held_bytes()
+                self.writer = None
+            self.pending.clear()
+
+    def holds_too_much(self) -> bool:
+        return self.held > BACKLOG_BYTES
+
+    def finish_held(self) -> None:
+        """Hash and write the small blobs received so far (blocks)."""
+        for writer, _ in self.uploads:
+            writer.finish()
+        self.held = 0
+
+    def lagging(self) -> Future | None:
+        return None if self.writer is None else self.writer.lagging()
+
+    def settled(self) -> int:
+        """Body bytes from the start that no writer needs any more (hashed and written)."""
+        writers = [w for w, _ in self.uploads] + [self.writer] * (self.writer is not None)
+        while self.unsettled < len(writers) and \
+                writers[self.unsettled].settled == writers[self.unsettled].size and \
+                writers[self.unsettled] is not self.writer:
+            self.unsettled += 1
+        if self.unsettled < len(writers):
+            return self.starts[self.unsettled] + writers[self.unsettled].settled
+        return self.position - len(self.pending)
+
+    def end(self) -> list[tuple[BlobWriter, bytes]]:
+        """The complete uploads once the body is over; ValueError if it ends inside one."""
+        if self.writer is not None or self.pending:
+            raise ValueError(f"body ends inside blob {len(self.uploads)}")
+        return self.uploads
+
+    def error(self, exc: ValueError) -> tuple[int, dict]:
+        """The reply to a batch refused by `exc`."""
+        if isinstance(exc, BlobTooLarge):
+            return 413, {"error": f"blob {len(self.uploads)}: {exc}"}
+        return 400, {"error": f"not stored: {exc}"}
+
+    def abort(self) -> None:
+        """Nothing of a broken batch is stored."""
+        for writer in [w for w, _ in self.uploads] + [self.writer] * (self.writer is not None):
+            writer.abort()
+
+
+def commit_reply(store: BlobStore, uploads: list[tuple[BlobWriter, bytes]], batch: bool
+                 ) -> tuple[int, dict]:
+    """Commit received uploads (blocks on the disk); the reply to `PUT` (`batch` false: one
+    upload) or `POST`."""
+    stored, errors = store.commit_uploads(uploads)
+    if errors:
+        return 400, ({"error": "not stored: " + "; ".join(errors), "stored": stored} if batch
+                     else {"error": f"not stored: {errors[0]}"})
+    if batch:
+        return 200, {"ids": stored}
+    writer, id_ = uploads[0]
+    return 200, {"id": "0x" + id_.hex(), "size": writer.size}
+
+
+def not_found(id_: bytes) -> dict:
+    return {"error": f"blob 0x{id_.hex()} not found"}
+
+
+class BlobApp:
+    """`PUT/GET/HEAD <mount>/0x<id>` and `POST <mount>` over a BlobStore (ASGI), on the
+    node's main port (`chain/blobserver.py` serves the same on a port of its own, faster)."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -97,121 +212,51 @@ class BlobApp:
                 more = message.get("more_body", False)
                 while (step := writer.lagging()) is not None:
                     await asyncio.wrap_future(step)  # the disk or the hash is behind
-            # fsync off the event loop: concurrent uploads then share the disk's flushes
-            _, errors = await asyncio.to_thread(self._commit, [(writer, id_)])
         except BlobTooLarge as exc:
             await json_reply(send, 413, {"error": str(exc)})
             return
         except BaseException:
             writer.abort()
             raise
-        if errors:
-            await json_reply(send, 400, {"error": f"not stored: {errors[0]}"})
-            return
-        await json_reply(send, 200, {"id": "0x" + id_.hex(), "size": writer.size})
-
-    def _commit(self, uploads: list[tuple[BlobWriter, bytes]]) -> tuple[list[str], list[str]]:
-        """Group commit: each blob checked, then all fdatasynced at once on `SYNC_THREADS`
-        threads (concurrent flushes share the filesystem's journal commits: measured 2x
-        faster than one after the other for 100 small files) and renamed, then one
-        directory fsync for all; an upload is acknowledged only after it. Returns (stored
-        ids, errors naming each refused blob)."""
-        checked, errors = [], []
-        for i, (writer, id_) in enumerate(uploads):
-            try:
-                writer.check(id_)
-                checked.append(writer)
-            except ValueError as exc:
-                errors.append(f"blob {i} (0x{id_.hex()}): {exc}")
-        if len(checked) == 1:
-            checked[0].persist()
-        else:
-            list(self.sync_pool.map(BlobWriter.persist, checked))
-        if checked:
-            self.store.sync_directory()
-        return ["0x" + w.id.hex() for w in checked], errors
+        # fsync off the event loop: concurrent uploads then share the disk's flushes
+        await json_reply(send, *await asyncio.to_thread(commit_reply, self.store,
+                                                        [(writer, id_)], False))
 
     async def _post_batch(self, scope, receive, send) -> None:
-        """`POST <mount>`: several blobs in one body, each framed as <u64 length><blob>
-        <sha256(blob)>. The id follows the bytes, so a sender can hash while it sends; each
-        blob is hashed as it arrives and stored only if it matches. Replies the stored ids,
-        or 400 naming each refused blob (the others are stored)."""
-        limit = self.store.max_bytes + MAX_BATCH_BLOBS * (FRAME_LENGTH.size + ID_BYTES)
+        """`POST <mount>` (`BatchReceiver`). Replies the stored ids, or 400 naming each
+        refused blob (the others are stored)."""
+        batch = BatchReceiver(self.store)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared and int(declared) > limit:
-            await json_reply(send, 413, {"error": f"batch of {int(declared)} bytes exceeds the "
-                                              f"{limit}-byte limit"})
-            return
-        uploads: list[tuple[BlobWriter, bytes]] = []
-        writer, remaining, pending, total, held = None, 0, bytearray(), 0, 0
         try:
+            if declared:
+                batch.check_declared(int(declared))
             more = True
             while more:
-                if held > BACKLOG_BYTES:  # the small blobs received so far: hash and write
-                    await asyncio.to_thread(_finish, [w for w, _ in uploads])
-                    held = 0
-                while writer is not None and (step := writer.lagging()) is not None:
+                if batch.holds_too_much():
+                    await asyncio.to_thread(batch.finish_held)
+                while (step := batch.lagging()) is not None:
                     await asyncio.wrap_future(step)  # a large blob's disk or hash is behind
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    raise ConnectionAbortedError
-                body = memoryview(message.get("body", b""))
+                    batch.abort()
+                    return
+                batch.feed(memoryview(message.get("body", b"")))
                 more = message.get("more_body", False)
-                total += len(body)
-                if total > limit:
-                    raise BlobTooLarge(f"batch exceeds the {limit}-byte limit")
-                while body:
-                    if writer is not None and remaining:  # inside a blob's bytes
-                        take = body[:remaining]
-                        writer.write(take)
-                        remaining -= len(take)
-                        body = body[len(take):]
-                        continue
-                    need = ID_BYTES if writer is not None else FRAME_LENGTH.size
-                    take = body[:need - len(pending)]
-                    pending += take
-                    body = body[len(take):]
-                    if len(pending) < need:
-                        continue
-                    if writer is None:  # a length: the next blob starts
-                        if len(uploads) == MAX_BATCH_BLOBS:
-                            raise ValueError(f"more than {MAX_BATCH_BLOBS} blobs in one batch")
-                        (remaining,) = FRAME_LENGTH.unpack(pending)
-                        writer = self.store.writer(remaining)
-                    else:  # its id: the blob is complete
-                        uploads.append((writer, bytes(pending)))
-                        held += writer.held_bytes()
-                        writer = None
-                    pending.clear()
-            if writer is not None or pending:
-                raise ValueError(f"body ends inside blob {len(uploads)}")
-        except BaseException as exc:
-            for w in [w for w, _ in uploads] + [writer] * (writer is not None):
-                w.abort()  # nothing of a broken batch is stored
-            if isinstance(exc, BlobTooLarge):
-                await json_reply(send, 413, {"error": f"blob {len(uploads)}: {exc}"})
-            elif isinstance(exc, ValueError):
-                await json_reply(send, 400, {"error": f"not stored: {exc}"})
-            elif not isinstance(exc, ConnectionAbortedError):
-                raise
+            uploads = batch.end()
+        except ValueError as exc:
+            batch.abort()
+            await json_reply(send, *batch.error(exc))
             return
-        try:
-            stored, errors = await asyncio.to_thread(self._commit, uploads)
-        except BaseException:  # a disk error: no temp file of the batch is left behind
-            for w, _ in uploads:
-                w.abort()
+        except BaseException:
+            batch.abort()
             raise
-        if errors:
-            await json_reply(send, 400, {"error": "not stored: " + "; ".join(errors),
-                                     "stored": stored})
-            return
-        await json_reply(send, 200, {"ids": stored})
+        await json_reply(send, *await asyncio.to_thread(commit_reply, self.store, uploads, True))
 
     async def _get(self, id_: bytes, send, head: bool) -> None:
         try:
             file = open(self.store.path(id_), "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
-            await json_reply(send, 404, {"error": f"blob 0x{id_.hex()} not found"}, head=head)
+            await json_reply(send, 404, not_found(id_), head=head)
             return
         with file:
             size = file.seek(0, 2)
@@ -225,11 +270,6 @@ class BlobApp:
             while chunk := file.read(CHUNK):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
-
-
-def _finish(writers: list[BlobWriter]) -> None:
-    for writer in writers:
-        writer.finish()
 
 
 async def json_reply(send, status: int, body, head: bool = False) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import os
 import struct
@@ -33,7 +34,9 @@ MAX_NDIM = 8
 PIPELINE_BYTES = 1 << 20  # an upload is hashed and written in steps of this size, on threads
 WRITEBACK_BYTES = 4 << 20  # ... and its write-back to disk started every this many bytes
 BACKLOG_BYTES = 16 << 20  # received but not yet hashed and written, at most (memory bound)
+SYNC_THREADS = 16  # fdatasyncs of one group commit in flight together
 SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start write-back of the range, do not wait
+DIRECT_ALIGN = 4096  # O_DIRECT writes: memory address, file offset and length multiples of it
 # Linux's sync_file_range(2) (None elsewhere: the final fdatasync then flushes everything);
 # ctypes calls release the GIL
 _start_writeback = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True),
@@ -125,6 +128,8 @@ class BlobStore:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.direct_io = hasattr(os, "O_DIRECT")  # cleared if the filesystem refuses it
+        self.sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="blob-sync")
 
     def path(self, id_: bytes | str) -> Path:
         return self.directory / parse_id(id_).hex()
@@ -143,6 +148,34 @@ class BlobStore:
             raise BlobTooLarge(f"blob of {declared_size} bytes exceeds the {self.max_bytes}-byte "
                                "limit")
         return BlobWriter(self)
+
+    def commit_uploads(self, uploads: list[tuple[BlobWriter, bytes]]
+                       ) -> tuple[list[str], list[str]]:
+        """Group commit of received uploads (writer, claimed id): each blob checked, then all
+        fdatasynced at once on `SYNC_THREADS` threads (concurrent flushes share the
+        filesystem's journal commits: measured 2x faster than one after the other for 100
+        small files) and renamed, then one directory fsync for all; an upload is
+        acknowledged only after it. Returns (stored ids, errors naming each refused blob);
+        on a disk error every writer is aborted (no temp file left) and the error raised."""
+        checked, errors = [], []
+        try:
+            for i, (writer, id_) in enumerate(uploads):
+                try:
+                    writer.check(id_)
+                    checked.append(writer)
+                except ValueError as exc:
+                    errors.append(f"blob {i} (0x{id_.hex()}): {exc}")
+            if len(checked) == 1:
+                checked[0].persist()
+            else:
+                list(self.sync_pool.map(BlobWriter.persist, checked))
+            if checked:
+                self.sync_directory()
+        except BaseException:
+            for writer, _ in uploads:
+                writer.abort()
+            raise
+        return ["0x" + w.id.hex() for w in checked], errors
 
     def sync_directory(self) -> None:
         """Make the renames of committed blobs durable: one fsync of the directory covers
@@ -174,7 +207,14 @@ class BlobWriter:
     hashed and written while chunk i+1 is received; the write thread also starts the
     disk's write-back every `WRITEBACK_BYTES`, so the final fdatasync has little left to
     flush. Smaller blobs are hashed and written by `check()`, on the caller's thread.
-    Chunks handed to `write()` must not change afterwards (they are kept until written)."""
+    Chunks handed to `write()` must not change afterwards (they are kept until written;
+    `settled` says how many bytes from the start are hashed and written).
+
+    A chunk whose memory and file offset are `DIRECT_ALIGN`-aligned (the blob listener's
+    receive buffers) is written with O_DIRECT, from the buffer straight to the disk, its
+    last partial block through the page cache: on this VM a buffered 16 MiB write and
+    fdatasync took 22-102 ms (fresh page-cache pages are costly here), O_DIRECT 13-15 ms
+    and 2.5 ms of CPU. Other chunks are written through the page cache."""
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
@@ -183,12 +223,13 @@ class BlobWriter:
         self.size = 0
         self.prefix = bytearray()  # the first bytes, enough for the header and dims
         self.fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
+        self.direct_fd = -1  # the temp file opened with O_DIRECT, once a chunk qualifies
         self.received: list = []  # chunks not yet handed to the hash and write steps
         self.received_bytes = 0
         self.lanes: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self.in_flight: deque[tuple[Future, Future, int]] = deque()
         self.in_flight_bytes = 0
-        self.written = self.writeback_from = 0
+        self.written = self.writeback_from = self.settled = 0
         self.aborted = False
 
     def write(self, chunk: bytes | memoryview) -> None:
@@ -213,6 +254,7 @@ class BlobWriter:
             written.result()
             self.in_flight.popleft()
             self.in_flight_bytes -= nbytes
+            self.settled += nbytes
         if self.in_flight_bytes <= BACKLOG_BYTES:
             return None
         hashed, written, _ = self.in_flight[0]
@@ -240,15 +282,40 @@ class BlobWriter:
         if self.aborted:
             return
         for chunk in chunks:
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(self.fd, view):]
-            self.written += len(chunk)
+            view = memoryview(chunk).cast("B")
+            direct = self._direct_bytes(view)
+            if direct:
+                try:
+                    self._pwrite(self._direct_fd(), view[:direct])
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self.store.direct_io = False  # the filesystem refuses O_DIRECT
+                    direct = 0
+            self._pwrite(self.fd, view[direct:])
         if _start_writeback is not None and \
                 self.written - self.writeback_from >= WRITEBACK_BYTES:
             _start_writeback(self.fd, self.writeback_from, self.written - self.writeback_from,
                              SYNC_FILE_RANGE_WRITE)
             self.writeback_from = self.written
+
+    def _direct_bytes(self, view: memoryview) -> int:
+        """How much of `view`, written next, can go with O_DIRECT (whole aligned blocks)."""
+        if not self.store.direct_io or self.written % DIRECT_ALIGN or len(view) < DIRECT_ALIGN \
+                or np.frombuffer(view, np.uint8).ctypes.data % DIRECT_ALIGN:
+            return 0
+        return len(view) - len(view) % DIRECT_ALIGN
+
+    def _direct_fd(self) -> int:
+        if self.direct_fd < 0:
+            self.direct_fd = os.open(self.tmp, os.O_WRONLY | os.O_DIRECT)
+        return self.direct_fd
+
+    def _pwrite(self, fd: int, view: memoryview) -> None:
+        while view:
+            n = os.pwrite(fd, view, self.written)
+            self.written += n
+            view = view[n:]
 
     def finish(self) -> None:
         """Hash and write everything received so far (blocks); raises what a hash or write
@@ -257,6 +324,7 @@ class BlobWriter:
             chunks, self.received, self.received_bytes = self.received, [], 0
             self._hash(chunks)
             self._write(chunks)
+            self.settled = self.size
             return
         if self.received:
             self._hand_over()
@@ -265,6 +333,7 @@ class BlobWriter:
             written.result()
         self.in_flight.clear()
         self.in_flight_bytes = 0
+        self.settled = self.size
 
     def commit(self, id_: bytes) -> bytes:
         """Check that the blob is `id_` and well formed, and store it; returns its id.
@@ -323,9 +392,10 @@ class BlobWriter:
         Path(self.tmp).unlink(missing_ok=True)
 
     def _close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        for fd in (self.fd, self.direct_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.direct_fd = -1
         if self.lanes is not None:
             for lane in self.lanes:
                 lane.shutdown(wait=False)

@@ -4,11 +4,15 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from chain.params import CHAIN_ID, DEV_ACCOUNT_BALANCE, DEV_ACCOUNT_COUNT, MARKET_ADDRESS
+
+if TYPE_CHECKING:
+    from chain.blobs import BlobStore
+    from chain.blobserver import BlobServer
 
 app = typer.Typer(help="needle-net proof-of-useful-work chain (py-evm).", no_args_is_help=True)
 
@@ -19,6 +23,10 @@ def up(
         "chain-data"),
     host: Annotated[str, typer.Option(help="Interface for JSON-RPC and blobs.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port.")] = 8545,
+    blob_port: Annotated[int | None, typer.Option(
+        help="Port of the blob listener (advertised as blob_url in /info; /blobs on the HTTP "
+             "port works too, slower). Default: the HTTP port + 1, or any free port if that "
+             "one is taken; 0: any free port.", show_default=False)] = None,
     block_time: Annotated[float, typer.Option(
         help="Seal a block at least this often (s); 0: never seal empty blocks.")] = 1.0,
     seal_on_pending: Annotated[bool, typer.Option(
@@ -26,7 +34,8 @@ def up(
     max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.")] = 256,
     log_level: Annotated[str, typer.Option(help="Python/uvicorn log level.")] = "warning",
 ) -> None:
-    """Start a node: JSON-RPC at http://HOST:PORT/, blobs at /blobs, node info at /info."""
+    """Start a node: JSON-RPC at http://HOST:PORT/, node info at /info, blobs at
+    http://HOST:BLOB_PORT/blobs (and at /blobs)."""
     import uvicorn
     from eth_utils import to_checksum_address
 
@@ -43,12 +52,30 @@ def up(
     typer.echo("dev accounts (public test mnemonic, see `chain accounts --keys`):")
     for i, account in enumerate(dev_accounts(5)):
         typer.echo(f"  {i} {account.address}")
-    typer.echo(f"JSON-RPC http://{host}:{port}/  blobs http://{host}:{port}/blobs")
+    blobs = _blob_server(node.blobs, host, port, blob_port)
+    typer.echo(f"JSON-RPC http://{host}:{port}/  blobs http://{host}:{blobs.port}/blobs")
+    app = create_app(node)
+    app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
     node.start()
+    blobs.start()
     try:
-        uvicorn.run(create_app(node), host=host, port=port, log_level=log_level)
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
+        blobs.close()
         node.stop()
+
+
+def _blob_server(store: BlobStore, host: str, port: int, blob_port: int | None
+                 ) -> BlobServer:
+    """The blob listener on `blob_port`, by default on `port` + 1 or else any free port."""
+    from chain.blobserver import BlobServer
+
+    if blob_port is not None:
+        return BlobServer(store, host, blob_port)
+    try:
+        return BlobServer(store, host, port + 1 if 0 < port < 65535 else 0)
+    except OSError:
+        return BlobServer(store, host, 0)
 
 
 @app.command()

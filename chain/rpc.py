@@ -18,6 +18,7 @@ from eth_utils import to_checksum_address
 from fastapi import FastAPI, Request
 
 from chain.blobhttp import BlobApp, json_reply
+from chain.blobserver import blob_url
 from chain.compile import compiled_market
 from chain.node import PRIORITY_FEE, Node, TxRejected
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POOL_ADDRESS
@@ -660,7 +661,7 @@ def create_app(node: Node) -> NodeApp:
             "contract": to_checksum_address(MARKET_ADDRESS),
             "abi": market["abi"],
             "abi_path": market["path"],
-            "blob_url": f"{base}/blobs",
+            "blob_url": blob_url(base, getattr(request.app.state, "blob_port", None)),
             "rpc_url": base,
             "block_time": node.config.block_time,
             "reward_pool": to_checksum_address(REWARD_POOL_ADDRESS),
