@@ -9,7 +9,7 @@ receive the same kind of pre-signed EIP-1559 transactions:
   eth_sendRawTransaction requests, many transactions per block.
 
 Also, in process: the CPU time of sealing blocks of submitJob transactions (Node.seal) with
-needle-net's execution path (chain/interpreter.py, chain/storage.py) and with stock py-evm's.
+needle-net's execution path (chain/interpreter.py, chain/flatstate.py) and with stock py-evm's.
 
 Transactions are signed before the clock starts (signing is the client's cost). The rate is
 transactions included in sealed blocks per second of wall time, from the first send to the

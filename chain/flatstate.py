@@ -7,17 +7,21 @@ touches lives in dicts: accounts as ``(nonce, balance, code_hash)`` (``None``: n
 account), slots as ints, plus the transaction's warm addresses and slots and each written
 slot's value at the start of the transaction (EIP-2200's "original"). Every change appends
 ``(dict, key, old value)`` to one undo log; a snapshot is a position in it, a revert pops
-back to it. When the state root is asked for (block end, ``persist``) the changes are written
-into the ``AccountDB`` underneath (``BatchedAccountDB``: storage tries updated in one pass)
-and py-evm computes the root as usual. Same semantics as py-evm's ``AccountDB``, compared
-operation by operation in tests/test_chain_fast_flatstate.py and block by block by the stock
-re-import in tests/test_chain_fast_evm.py.
+back to it. When the state root is asked for (block end, ``persist``) each changed account's
+storage trie takes the account's slot writes in one pass, then the account trie takes the
+changed accounts in one pass (``chain.tries.update_trie``); the new nodes go into py-evm's
+batch, which ``persist`` commits. py-evm's own journals, caches and per-account storage
+objects stay empty. Same semantics as py-evm's ``AccountDB``, compared operation by operation
+in tests/test_chain_fast_flatstate.py and block by block by the stock re-import in
+tests/test_chain_fast_evm.py.
 """
 from __future__ import annotations
 
 import rlp
 from eth.constants import BLANK_ROOT_HASH, EMPTY_SHA3
+from eth.db.account import AccountDB
 from eth.db.journal import get_next_checkpoint
+from eth.db.witness import MetaWitness
 from eth.rlp.accounts import Account
 from eth.typing import JournalDBCheckpoint
 from eth.validation import validate_canonical_address, validate_is_bytes
@@ -27,8 +31,7 @@ from eth_typing import Address, Hash32
 from eth_utils import ValidationError
 from rlp.sedes import big_endian_int
 
-from chain.storage import BatchedAccountDB
-from chain.tries import trie_get
+from chain.tries import encode_account, encode_node, trie_get, update_trie
 
 UINT64_MAX = 2**64 - 1
 UINT256_MAX = 2**256 - 1
@@ -47,16 +50,16 @@ def _check_uint(value: int, limit: int, title: str) -> None:
         raise ValidationError(f"{title} exceeds maximum {size} size.  Got: {value}")
 
 
-class FlatAccountDB(BatchedAccountDB):
+class FlatAccountDB(AccountDB):
     """py-evm's account database with a block's reads and writes kept in dicts until the
     state root is computed."""
 
     def __init__(self, db, state_root: Hash32 = BLANK_ROOT_HASH) -> None:
         super().__init__(db, state_root)
+        self._root = state_root
         self._log: list[tuple[dict, object, object]] = []
         self._checkpoints: dict[JournalDBCheckpoint, int] = {}
         self._code: dict[Hash32, bytes] = {}  # by hash: valid for any state
-        self._writing_through = False
         self._clear_block()
         self._clear_transaction()
 
@@ -95,10 +98,18 @@ class FlatAccountDB(BatchedAccountDB):
 
     def _stored_account(self, address: Address) -> bytes:
         """The account's RLP in the account trie (b"": none), read through ``chain.tries``'
-        node cache; through py-evm's layers while they hold the block's changes."""
-        if self._writing_through:
-            return self._get_encoded_account(address)
-        return trie_get(self._batchtrie, self.state_root, keccak(address))
+        node cache."""
+        return trie_get(self._batchtrie, self._root, keccak(address))
+
+    def _storage_root(self, address: Address) -> Hash32:
+        """The account's storage root as of the last state root."""
+        root = self._storage_roots.get(address)
+        if root is None:
+            encoded = self._stored_account(address)
+            root = rlp.decode(encoded, sedes=Account).storage_root if encoded else \
+                BLANK_ROOT_HASH
+            self._storage_roots[address] = root
+        return root
 
     def _set_fields(self, address: Address, account: tuple[int, int, bytes] | None) -> None:
         self._change(self._accounts, address, account)
@@ -208,17 +219,9 @@ class FlatAccountDB(BatchedAccountDB):
         return value
 
     def _stored_value(self, address: Address, slot: int) -> int:
-        """The slot's value in the storage trie, read through ``chain.tries``' node cache
-        (py-evm's journal and cache layers when it holds writes for the account)."""
-        if address in self._account_stores:
-            return super().get_storage(address, slot)
-        root = self._storage_roots.get(address)
-        if root is None:
-            encoded = self._stored_account(address)
-            root = rlp.decode(encoded, sedes=Account).storage_root if encoded else \
-                BLANK_ROOT_HASH
-            self._storage_roots[address] = root
-        encoded = trie_get(self._raw_store_db, root, keccak(slot.to_bytes(32, "big")))
+        """The slot's value in the storage trie, read through ``chain.tries``' node cache."""
+        encoded = trie_get(self._batchtrie, self._storage_root(address),
+                           keccak(slot.to_bytes(32, "big")))
         return rlp.decode(encoded, sedes=big_endian_int) if encoded else 0
 
     def set_storage(self, address: Address, slot: int, value: int) -> None:
@@ -273,38 +276,70 @@ class FlatAccountDB(BatchedAccountDB):
         """End of a transaction: new access sets and original values for the next one."""
         self._clear_transaction()
 
-    # --- into py-evm's tries --------------------------------------------------------------
-    def make_state_root(self) -> Hash32:
-        self._writing_through = True
-        try:
-            self._write_through()
-            root = super().make_state_root()
-        finally:
-            self._writing_through = False
-        self._clear_block()
-        return root
+    # --- the tries ---------------------------------------------------------------------
+    @property
+    def state_root(self) -> Hash32:
+        return self._root
 
-    def _write_through(self) -> None:
-        """The block's changes into ``AccountDB``'s journals, one write per account and
-        slot, in py-evm's order for each account: storage wipe, account, slots."""
-        store = super()
-        for address in {**self._changed_accounts, **self._wiped}:
+    @state_root.setter
+    def state_root(self, value: Hash32) -> None:
+        """Set by a state revert (the root at the snapshot: unchanged within a block)."""
+        if value != self._root:
+            self._clear_block()
+            self._root = value
+
+    def make_state_root(self) -> Hash32:
+        """The block's changes into the tries, one pass per trie, in py-evm's semantics: a
+        wiped account's storage restarts from the empty trie; an account absent at the end
+        is deleted, unless slots were written after it went (py-evm then stores an empty
+        account holding that storage); an account only whose slots changed is rewritten
+        with its new storage root. New nodes and code go into py-evm's batches."""
+        accounts: dict[bytes, bytes] = {}
+        for address in {**self._changed_accounts, **self._wiped, **self._changed_slots}:
             account = self._account(address)
+            wiped = address in self._wiped
+            root = BLANK_ROOT_HASH if wiped else self._storage_root(address)
+            slots = self._changed_slots.get(address)
+            if slots:
+                root = update_trie(self._batchtrie, root, self._slot_changes(address, slots))
             if account is None:
-                store.delete_account(address)
+                if root != BLANK_ROOT_HASH:
+                    account = EMPTY_ACCOUNT
+                elif address in self._changed_accounts:
+                    accounts[keccak(address)] = b""
+                    continue
+                else:
+                    continue
+            elif not (address in self._changed_accounts or wiped or root !=
+                      self._storage_root(address)):
                 continue
-            if address in self._wiped:
-                store.delete_storage(address)
             nonce, balance, code_hash = account
             if code_hash in self._new_code:
-                self._journaldb[code_hash] = self._new_code[code_hash]
-            self._set_account(address, Account(nonce, balance, self._get_storage_root(address),
-                                               code_hash))
-        for address, slots in self._changed_slots.items():
-            values = self._slots.get(address, {})
-            wiped = address in self._wiped
-            for slot in slots:
-                value = values.get(slot)
-                if value is None:  # wiped after the write and not read since
-                    value = 0 if wiped else store.get_storage(address, slot)
-                store.set_storage(address, slot, value)
+                self._batchdb[code_hash] = self._new_code[code_hash]
+            accounts[keccak(address)] = encode_account(nonce, balance, root, code_hash)
+        self._root = update_trie(self._batchtrie, self._root, accounts)
+        self._clear_block()
+        return self._root
+
+    def _slot_changes(self, address: Address, slots: set[int]) -> dict[bytes, bytes]:
+        """Hashed slot -> RLP value (b"": zero, deleted) of the slots written in the block.
+        A slot without a value was wiped after its write: the wiped trie has no entry."""
+        values = self._slots.get(address, {})
+        changes = {}
+        for slot in slots:
+            value = values.get(slot)
+            if value is not None:
+                changes[keccak(slot.to_bytes(32, "big"))] = \
+                    encode_node(value.to_bytes((value.bit_length() + 7) // 8, "big")) \
+                    if value else b""
+        return changes
+
+    def persist(self) -> MetaWitness:
+        """The state root, then the new trie nodes and code into the database in one batch.
+        No witness of the nodes read is kept (py-evm logs its size at debug level only)."""
+        self.make_state_root()
+        with self._raw_store_db.atomic_batch() as write_batch:
+            self._batchtrie.commit_to(write_batch, apply_deletes=False)
+            self._batchdb.commit_to(write_batch, apply_deletes=False)
+        self._root_hash_at_last_persist = self._root
+        return MetaWitness(set(), {})

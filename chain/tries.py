@@ -114,6 +114,14 @@ def _reference(node: Node, nodes: MutableMapping[Hash32, bytes]) -> Node | Hash3
     return node_hash
 
 
+def encode_account(nonce: int, balance: int, storage_root: Hash32, code_hash: Hash32) -> bytes:
+    """RLP of an account (nonce, balance, storage root, code hash): the same bytes as
+    ``rlp.encode(Account(...), sedes=Account)`` without rlp's sedes machinery."""
+    return encode_node([nonce.to_bytes((nonce.bit_length() + 7) // 8, "big"),
+                        balance.to_bytes((balance.bit_length() + 7) // 8, "big"),
+                        storage_root, code_hash])
+
+
 def encode_receipt(receipt: ReceiptAPI) -> bytes:
     """``receipt.encode()`` by the small encoder: rlp's sedes machinery took a twelfth of
     sealing a block of ``submitJob`` (EIP-2718: a typed receipt is its type byte and the

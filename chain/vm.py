@@ -221,8 +221,8 @@ class PoUWTransactionExecutor(PragueTransactionExecutor):
 
 def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
     """A Chain class whose VM verifies matmul results against this blob store. ``fast``: the
-    opcode loop of ``chain.interpreter`` and storage tries updated once per block
-    (``chain.storage``); ``fast=False``: stock py-evm for both (same results, tested)."""
+    opcode loop of ``chain.interpreter`` and the flat state of ``chain.flatstate`` (tries
+    updated once per block); ``fast=False``: stock py-evm for both (same results, tested)."""
     computation = type(
         "PoUWComputation",
         (FastComputation if fast else PragueComputation,),

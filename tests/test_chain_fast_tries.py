@@ -1,7 +1,7 @@
 """Batched storage-trie updates (chain/tries.py ``update_trie``) against py-trie's HexaryTrie,
 key by key: inserts, overwrites, deletes (collapsing branches and merging paths) and deletes
 of absent keys, on 32-byte hashed keys like storage tries and on short keys that are
-prefixes of each other (branch values, inline nodes); then the node's storage roots."""
+prefixes of each other (branch values, inline nodes); then the flat state's storage roots."""
 import os
 import random
 
@@ -17,8 +17,15 @@ from eth.vm.forks.prague import PragueVM
 from eth_hash.auto import keccak
 from trie import HexaryTrie
 
-from chain.storage import BatchedAccountDB, encode_account
-from chain.tries import MissingNode, encode_node, encode_receipt, trie_get, update_trie
+from chain.flatstate import FlatAccountDB
+from chain.tries import (
+    MissingNode,
+    encode_account,
+    encode_node,
+    encode_receipt,
+    trie_get,
+    update_trie,
+)
 
 
 def test_encode_node_is_rlp():
@@ -68,7 +75,7 @@ def test_encode_account_is_rlp():
     for nonce in edges[:7]:
         for balance in edges + [rng.getrandbits(rng.randrange(1, 257)) for _ in range(5)]:
             account = Account(nonce, balance, os.urandom(32), os.urandom(32))
-            assert encode_account(account) == rlp.encode(account, sedes=Account)
+            assert encode_account(*account) == rlp.encode(account, sedes=Account)
 
 
 @pytest.mark.parametrize("key_kind", ["hashed", "short"])
@@ -106,12 +113,13 @@ def test_batched_updates_match_py_trie(key_kind, seed):
     assert root == BLANK_ROOT_HASH
 
 
-def test_batched_account_storage_matches_py_evm():
+def test_flat_account_storage_matches_py_evm():
     """Random storage writes (zeroing slots included), reverted checkpoints and wiped
-    accounts over several blocks: the same state roots as py-evm's AccountDB, and the
-    persisted storage reads back from a fresh database object."""
+    accounts over several blocks, into storage tries of a few hundred slots: the same state
+    roots as py-evm's AccountDB, and the persisted storage reads back from a fresh database
+    object (chain/flatstate.py's one-pass storage and account trie updates)."""
     rng = random.Random(11)
-    stock, batched = (cls(AtomicDB(), BLANK_ROOT_HASH) for cls in (AccountDB, BatchedAccountDB))
+    stock, batched = (cls(AtomicDB(), BLANK_ROOT_HASH) for cls in (AccountDB, FlatAccountDB))
     addresses = [bytes([i]) * 20 for i in range(1, 4)]
     expected: dict = {}
     for _ in range(6):  # blocks
@@ -139,5 +147,5 @@ def test_batched_account_storage_matches_py_evm():
         assert roots[0] == roots[1]
         for db in (stock, batched):
             db.persist()
-    reread = BatchedAccountDB(batched._raw_store_db, roots[1])
+    reread = FlatAccountDB(batched._raw_store_db, roots[1])
     assert all(reread.get_storage(a, s) == v for (a, s), v in expected.items())
