@@ -14,7 +14,7 @@ is the float32 product (numpy sgemm / cuBLAS); for exact mode numpy's integer ma
 also timed where it finishes in reasonable time.
 The "read floor" row is one matrix-vector product over each of A, B and C: the memory
 traffic that any check reading every operand once must pay. On a GPU the exact check is
-also split into its vectors (stream v3 by Keccak on the device, CUDA events), its four
+also split into its vectors (stream v3 by Keccak on the device, CUDA events), its three
 kernel launches (CUDA events), and the host's time to enqueue them (wall clock); the rest
 is Python before the launches and the copy of the verdict.
 
@@ -126,9 +126,9 @@ def float_kernels(A, B, C, rounds: int, repeats: int) -> float:
 
 
 def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, float, float]]:
-    """The GPU exact check's parts: the Keccak launch that derives the vectors and all four
-    launches (C's pass beside B's), timed by CUDA events, and the host's time to derive the
-    key and enqueue the four launches (wall clock, not waiting for the GPU)."""
+    """The GPU exact check's parts: the Keccak launch that derives the vectors and all three
+    launches (vectors; B's and C's passes; A's), timed by CUDA events, and the host's time to
+    derive the key and enqueue the three launches (wall clock, not waiting for the GPU)."""
     import cupy
 
     from verifier import gpu_exact
@@ -163,8 +163,8 @@ def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, f
         host = min(host, time.perf_counter() - start)
     assert cupy.asnumpy(verdict).tolist() == [0, 2**63 - 1, 0]
     return [("  of which vectors (Keccak kernel, events)", keccak, sgemm),
-            ("  of which 4 kernels (CUDA events)", kernels, sgemm),
-            ("  of which host: key + enqueue 4 launches", host, sgemm)]
+            ("  of which 3 launches (CUDA events)", kernels, sgemm),
+            ("  of which host: key + enqueue 3 launches", host, sgemm)]
 
 
 def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int, repeats: int) -> None:

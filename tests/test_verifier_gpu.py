@@ -260,6 +260,40 @@ def test_exact_gpu_verdicts_equal_the_host_verdicts(rounds):
     assert on_gpu.worst_excess == 3 and "first row 17" in on_gpu.reason
 
 
+@pytest.mark.parametrize("types, offset", [(("int8", "int8", "int32"), 1),
+                                           (("int16", "uint8", "int64"), 0),
+                                           (("uint16", "int16", "int32"), 2)])
+def test_exact_gpu_verdicts_of_other_types_and_alignments(types, offset):
+    """B's and C's passes share one launch whatever their inner loops (dp4a or wide limbs,
+    16-byte, 4-byte or single loads): verdicts equal the host's."""
+    from verifier import P, exact, gpu_exact
+
+    rng = np.random.default_rng(offset)
+    m, k, n = 70, 96, 52
+    a_type, b_type, c_type = (np.dtype(t) for t in types)
+    A = rng.integers(0, 100, (m, k)).astype(a_type)
+    B = rng.integers(-100 if b_type.kind == "i" else 0, 100, (k, n)).astype(b_type)
+    C = (A.astype(np.int64) @ B.astype(np.int64)).astype(c_type)
+
+    def device(M):  # M's rows starting offset entries past an allocation's start
+        flat = cupy.zeros(M.size + offset, M.dtype)
+        dM = flat[offset:].reshape(M.shape)
+        dM[...] = cupy.asarray(M)
+        return dM
+
+    dA, dB = device(A), device(B)
+    assert verify(dA, dB, device(C), precision="exact", seed=SEED).passed
+    C[m - 1, 0] += 1
+    C[3, n - 1] -= 2
+    dC = device(C)
+    bound_a, bound_b = exact.dtype_magnitude(a_type), exact.dtype_magnitude(b_type)
+    bound_c = exact.magnitude(C, P - k * bound_a * bound_b - 1)
+    assert gpu_exact.supported(dA, dB, dC, 1, (bound_b, bound_c, bound_a))  # the fused path
+    on_gpu = verify(dA, dB, dC, precision="exact", seed=SEED)
+    assert on_gpu == verify(A, B, C, precision="exact", seed=SEED)
+    assert not on_gpu.passed and on_gpu.worst_excess == 2 and "first row 3" in on_gpu.reason
+
+
 def test_exact_gpu_rejects_entries_above_the_product_bound():
     """An int32 C with an entry above k max|A| max|B| (equal to the product mod p) fails: the
     kernel marks its row, whatever r is."""

@@ -51,6 +51,8 @@ LAUNCH = {("bytes", 1): Launch(16, 4, 2, 32 * 1024), ("wide", 1): Launch(16, 8, 
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
 MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
 WIDE_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
+WIDE_DTYPES = frozenset(np.dtype(t) for t in WIDE_TYPES)
+INT8 = np.dtype(np.int8)
 C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
            "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
            "int64": "long long"}
@@ -81,6 +83,7 @@ __device__ __forceinline__ void keccak_f(u64 (&a)[25]) {
                               27, 41, 56, 8, 25, 43, 62, 18, 39, 61, 20, 44};
     const int lane[24] = {10, 7, 11, 17, 18, 3, 5, 16, 8, 21, 24, 4,
                           15, 23, 19, 13, 12, 2, 20, 14, 22, 9, 6, 1};
+    #pragma unroll
     for (int round = 0; round < 24; ++round) {
         u64 c[5];
         #pragma unroll
@@ -133,7 +136,7 @@ extern "C" __global__ void field_words(u64 key0, u64 key1, u64 key2, u64 key3,
 }
 """
 
-SOURCE = r"""
+COMMON = r"""
 typedef unsigned long long u64;
 #define PRIME 0x1FFFFFFFFFFFFFFFULL
 
@@ -153,17 +156,22 @@ __device__ __forceinline__ u64 rotate(u64 y, int s) {  // y 2^s mod p, y in [0, 
 
 // Keccak-f[1600] (FIPS 202): 24 rounds of theta, rho, pi, chi, iota on 25 64-bit lanes
 // (lane x + 5 y); the tables walk rho and pi along the lane cycle that starts at lane 1.
+"""
+
+# One pass over the rows of a matrix, configured by the VX_ constants; pass_source renames
+# them, so that B's and C's passes, configured differently, share one launch.
+BODY = r"""
 // out[i, q] = (M_i . V_q) mod p for the rows of M; V entry (j, q) at V[j * vj + q * vq], low
 // 61 bits kept (a word whose low 61 bits are p, which stream v3 rejects, sets verdict[2]).
 // compare: instead of writing out, counts the rows where some q has a residue != Z into
 // verdict[0] and the smallest such row into verdict[1].
-extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __restrict__ V,
-                                    long long vj, long long vq, u64* __restrict__ out,
-                                    const u64* __restrict__ Z, long long* __restrict__ verdict,
-                                    long long rows, long long cols, long long limit, int compare) {
-    __shared__ __align__(16) unsigned int tile[VX_K * VX_L * VX_TILE];
+__device__ __forceinline__ void VX_PASS(
+        const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
+        u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
+        long long rows, long long cols, long long limit, int compare, unsigned int* tile,
+        long long block) {
     const int lane = threadIdx.x & 31;
-    const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long warp = block * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long first = warp * VX_RPW;
 #if VX_BYTES
     int acc[VX_RPW][VX_K][VX_L];
@@ -319,6 +327,31 @@ extern "C" __global__ void residues(const VX_T* __restrict__ M, const u64* __res
 }
 """
 
+SINGLE = r"""
+extern "C" __global__ void __launch_bounds__(VX_THREADS)
+residues(const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
+         u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
+         long long rows, long long cols, long long limit, int compare) {
+    __shared__ __align__(16) unsigned int tile[VX_K * VX_L * VX_TILE];
+    VX_PASS(M, V, vj, vq, out, Z, verdict, rows, cols, limit, compare, tile, blockIdx.x);
+}
+"""
+
+# B R mod p in the first blocks_b blocks, C R mod p (C checked against limit) in the rest.
+PAIR = r"""
+extern "C" __global__ void __launch_bounds__(VB_THREADS)
+residue_pair(const VB_T* __restrict__ B, u64* __restrict__ X, long long rows_b,
+             const VC_T* __restrict__ C, u64* __restrict__ Z, long long rows_c,
+             const u64* __restrict__ V, long long vq, long long cols, long long limit,
+             long long* __restrict__ verdict, long long blocks_b) {
+    __shared__ __align__(16) unsigned int tile[PAIR_TILE];
+    if (blockIdx.x < blocks_b)
+        VB_PASS(B, V, 1, vq, X, X, verdict, rows_b, cols, 0, 0, tile, blockIdx.x);
+    else
+        VC_PASS(C, V, 1, vq, Z, Z, verdict, rows_c, cols, limit, 0, tile, blockIdx.x - blocks_b);
+}
+"""
+
 
 def rows_per_warp(launch: Launch, accumulator_words: int) -> int:
     """launch.rows, or fewer where a row's accumulators (32-bit words) crowd the registers."""
@@ -334,13 +367,13 @@ def _alignment(M) -> int:
     return 16 if ptr % 16 == 0 else 4 if ptr % 4 == 0 else 1
 
 
-def _uses_bytes(dtype: str, cols: int, alignment: int) -> bool:
-    return dtype == "int8" and cols % 4 == 0 and cols <= MAX_BYTES_COLS and alignment >= 4
+def _uses_bytes(dtype: np.dtype, cols: int, alignment: int) -> bool:
+    return dtype == INT8 and cols % 4 == 0 and cols <= MAX_BYTES_COLS and alignment >= 4
 
 
 def bytes_path(M) -> bool:
     """int8 rows read as 32-bit words of 4 entries, each against 4 limbs by one dp4a."""
-    return _uses_bytes(M.dtype.name, M.shape[1], _alignment(M))
+    return _uses_bytes(M.dtype, M.shape[1], _alignment(M))
 
 
 def wide_limb_width(bound: int, cols: int) -> int:
@@ -354,7 +387,7 @@ def supported(A, B, C, rounds: int, bounds: tuple[int, int, int]) -> bool:
     if rounds > MAX_ROUNDS:
         return False
     for M, bound in zip((B, C, A), bounds, strict=True):
-        if M.ndim != 2 or not M.flags.c_contiguous or M.dtype.name not in WIDE_TYPES:
+        if M.ndim != 2 or not M.flags.c_contiguous or M.dtype not in WIDE_DTYPES:
             return False
         if not bytes_path(M) and wide_limb_width(bound, M.shape[1]) < 8:
             return False
@@ -369,37 +402,55 @@ def tile_words(tile_bytes: int, rounds: int, limbs: int, unit: int) -> int:
     return max(32, budget // step * step)
 
 
-class Config(NamedTuple):
-    """One pass's compiled kernel and launch shape."""
+class Pass(NamedTuple):
+    """One pass's compile-time constants (-DVX_...) and launch shape."""
 
-    kernel: object
-    grid: tuple[int]
-    block: tuple[int]
+    options: tuple[str, ...]
+    blocks: int
+    threads: int
+    tile: int  # 32-bit words of shared memory for its tile of limbs
 
 
 @lru_cache(maxsize=64)
-def _config(dtype: str, rows: int, cols: int, alignment: int, rounds: int, bound: int,
-            check: bool) -> Config:
-    """The kernel and launch of one pass, computed once per shape, type and bound."""
-    import cupy
-
+def _pass(dtype: np.dtype, rows: int, cols: int, alignment: int, rounds: int, bound: int,
+          check: bool) -> Pass:
+    """The constants and launch of one pass, computed once per shape, type and bound."""
     use_bytes = _uses_bytes(dtype, cols, alignment)
     if use_bytes:
         words, limbs, width = cols // 4, 8, 8
     else:
         words, width = cols, wide_limb_width(bound, cols)
         limbs = -(-61 // width)
-    vec = 4 if (words % 4 == 0 and alignment == 16
-                and (use_bytes or np.dtype(dtype).itemsize == 4)) else 1
+    vec = 4 if words % 4 == 0 and alignment == 16 and (use_bytes or dtype.itemsize == 4) else 1
     launch = LAUNCH["bytes" if use_bytes else "wide", vec]
     rpw = rows_per_warp(launch, rounds * limbs * (1 if use_bytes else 2))
     tile = tile_words(launch.tile_bytes, rounds, limbs, 32 * vec * launch.unroll)
-    options = (f"-DVX_T={C_TYPES[dtype]}", f"-DVX_R={REGISTER_TYPES.get(dtype, 'int')}",
+    options = (f"-DVX_T={C_TYPES[dtype.name]}", f"-DVX_R={REGISTER_TYPES.get(dtype.name, 'int')}",
                f"-DVX_K={rounds}", f"-DVX_L={limbs}", f"-DVX_W={width}", f"-DVX_RPW={rpw}",
                f"-DVX_CHECK={int(check)}", f"-DVX_BYTES={int(use_bytes)}",
-               f"-DVX_TILE={tile}", f"-DVX_UNROLL={launch.unroll}", f"-DVX_VEC={vec}")
-    kernel = cupy.RawKernel(SOURCE, "residues", options=options)
-    return Config(kernel, (-(-rows // (launch.warps * rpw)),), (32 * launch.warps,))
+               f"-DVX_TILE={tile}", f"-DVX_UNROLL={launch.unroll}", f"-DVX_VEC={vec}",
+               f"-DVX_THREADS={32 * launch.warps}")
+    return Pass(options, -(-rows // (launch.warps * rpw)), 32 * launch.warps,
+                rounds * limbs * tile)
+
+
+@lru_cache(maxsize=64)
+def _single_kernel(one: Pass):
+    import cupy
+
+    return cupy.RawKernel(COMMON + BODY + SINGLE, "residues", options=one.options)
+
+
+@lru_cache(maxsize=64)
+def _pair_kernel(b: Pass, c: Pass):
+    """B's and C's passes in one kernel: each pass's constants renamed VB_ and VC_."""
+    import cupy
+
+    source = COMMON + BODY.replace("VX_", "VB_") + BODY.replace("VX_", "VC_") + PAIR
+    options = (*(o.replace("-DVX_", "-DVB_") for o in b.options),
+               *(o.replace("-DVX_", "-DVC_") for o in c.options),
+               f"-DPAIR_TILE={max(b.tile, c.tile)}")
+    return cupy.RawKernel(source, "residue_pair", options=options)
 
 
 def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None, out,
@@ -408,10 +459,10 @@ def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None,
     of (M V) mod p with out into verdict. limit: entries of M above it in magnitude mark
     their row (bound is then limit)."""
     rows, cols = M.shape
-    config = _config(M.dtype.name, rows, cols, _alignment(M), rounds, bound, limit is not None)
-    config.kernel(config.grid, config.block,
-                  (M, V, np.int64(vj), np.int64(vq), out, out, verdict, np.int64(rows),
-                   np.int64(cols), np.int64(limit or 0), np.int32(compare)))
+    one = _pass(M.dtype, rows, cols, _alignment(M), rounds, bound, limit is not None)
+    _single_kernel(one)((one.blocks,), (one.threads,),
+                        (M, V, np.int64(vj), np.int64(vq), out, out, verdict, np.int64(rows),
+                         np.int64(cols), np.int64(limit or 0), np.int32(compare)))
 
 
 class Vectors(NamedTuple):
@@ -453,54 +504,79 @@ def derive_words(vectors: Vectors, words, verdict) -> None:
 
 
 class Workspace(NamedTuple):
-    """Device buffers of one shape and what runs C's pass beside B's, kept between calls."""
+    """Device buffers of one shape, kept between calls."""
 
     words: object  # (rounds, n) uint64: the vectors' stream words
     X: object  # (k, rounds) uint64: B R mod p
     Z: object  # (m, rounds) uint64: C R mod p
     verdict: object  # (3,) int64: rows that differ, the first of them, a word was rejected
-    side: object  # a second stream for C's pass
-    ready: object  # event: the vectors are on the device
-    done: object  # event: C's pass is over
 
 
 @lru_cache(maxsize=8)
 def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     import cupy
 
-    event = cupy.cuda.Event
     return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
-                     cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
-                     cupy.cuda.Stream(non_blocking=True), event(disable_timing=True),
-                     event(disable_timing=True))
+                     cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64))
+
+
+class Plan(NamedTuple):
+    """Everything of a check that depends only on shapes, types, alignments and bounds:
+    the kernels, their launch shapes and their scalar arguments, and the workspace."""
+
+    ws: Workspace
+    pair: object
+    pair_grid: tuple[int]
+    pair_block: tuple[int]
+    pair_scalars: tuple  # rows_b, rows_c, vq, cols, limit, blocks_b
+    a: object
+    a_grid: tuple[int]
+    a_block: tuple[int]
+    a_scalars: tuple  # vj, vq, rows, cols, limit, compare
+
+
+@lru_cache(maxsize=16)
+def _plan(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
+          bounds: tuple[int, int, int], product_bound: int, device: int) -> Plan:
+    (m, k), (_, n) = shapes[0], shapes[1]
+    (dtype_a, dtype_b, dtype_c), (align_a, align_b, align_c) = dtypes, alignments
+    bound_b, bound_c, bound_a = bounds
+    check_c = product_bound < bound_c
+    b = _pass(dtype_b, k, n, align_b, rounds, bound_b, False)
+    c = _pass(dtype_c, m, n, align_c, rounds, min(bound_c, product_bound), check_c)
+    a = _pass(dtype_a, m, k, align_a, rounds, bound_a, False)
+    assert b.threads == c.threads  # LAUNCH: one block size for both passes
+    i64 = np.int64
+    return Plan(_workspace(m, k, n, rounds, device),
+                _pair_kernel(b, c), (b.blocks + c.blocks,), (b.threads,),
+                (i64(k), i64(m), i64(n), i64(n), i64(product_bound if check_c else 0),
+                 i64(b.blocks)),
+                _single_kernel(a), (a.blocks,), (a.threads,),
+                (i64(rounds), i64(1), i64(m), i64(k), i64(0), np.int32(1)))
 
 
 def launch(A, B, C, vectors, rounds: int, bounds: tuple[int, int, int], product_bound: int):
-    """Enqueue the check on the current stream (C's pass on a second stream beside B's);
-    returns the device verdict (rows that differ, the first such row, whether a word was
-    rejected). vectors: a Vectors, derived by the first launch, or (rounds, n) words already
-    on the device."""
+    """Enqueue the check on the current stream: the vectors, B's and C's passes in one launch,
+    then A's with the comparison; returns the device verdict (rows that differ, the first
+    such row, whether a word was rejected). vectors: a Vectors, derived by the first launch,
+    or (rounds, n) C-contiguous words already on the device."""
     import cupy
 
-    (m, k), n = A.shape, B.shape[1]
-    bound_b, bound_c, bound_a = bounds
-    ws = _workspace(m, k, n, rounds, cupy.cuda.runtime.getDevice())
+    plan = _plan((A.shape, B.shape), (A.dtype, B.dtype, C.dtype),
+                 (_alignment(A), _alignment(B), _alignment(C)), rounds, bounds, product_bound,
+                 cupy.cuda.runtime.getDevice())
+    ws = plan.ws
     if isinstance(vectors, Vectors):
         derive_words(vectors, ws.words, ws.verdict)
         words = ws.words
     else:
         ws.verdict.set(VERDICT_RESET)
         words = vectors
-    main = cupy.cuda.get_current_stream()
-    ws.ready.record(main)
-    ws.side.wait_event(ws.ready)
-    limit = product_bound if product_bound < bound_c else None
-    with ws.side:
-        residues(C, words, 1, n, rounds, min(bound_c, product_bound), limit, ws.Z, ws.verdict)
-        ws.done.record(ws.side)
-    residues(B, words, 1, n, rounds, bound_b, None, ws.X, ws.verdict)
-    main.wait_event(ws.done)
-    residues(A, ws.X, rounds, 1, rounds, bound_a, None, ws.Z, ws.verdict, compare=True)
+    rows_b, rows_c, vq, cols, limit, blocks_b = plan.pair_scalars
+    plan.pair(plan.pair_grid, plan.pair_block,
+              (B, ws.X, rows_b, C, ws.Z, rows_c, words, vq, cols, limit, ws.verdict, blocks_b))
+    plan.a(plan.a_grid, plan.a_block, (A, ws.X, *plan.a_scalars[:2], ws.Z, ws.Z, ws.verdict,
+                                       *plan.a_scalars[2:]))
     return ws.verdict
 
 
@@ -512,14 +588,12 @@ def check(A, B, C, vectors: Vectors, rounds: int, bounds: tuple[int, int, int],
     import cupy
 
     with _WORKSPACE_IN_USE:
-        wrong, first, rejected = (int(x) for x in launch(A, B, C, vectors, rounds, bounds,
-                                                          product_bound).get())
+        wrong, first, rejected = launch(A, B, C, vectors, rounds, bounds, product_bound).get()
         if rejected:  # a word is p (2^-61 each): the host's derivation skips it
             R = field_vectors(vectors.seed, vectors.n, vectors.rounds)
             words = cupy.asarray(np.ascontiguousarray(R.T, dtype=np.uint64))
-            wrong, first, _ = (int(x) for x in launch(A, B, C, words, rounds, bounds,
-                                                       product_bound).get())
-    return wrong, (first if wrong else 0)
+            wrong, first, _ = launch(A, B, C, words, rounds, bounds, product_bound).get()
+    return int(wrong), (int(first) if wrong else 0)
 
 
 assert P == (1 << 61) - 1  # the kernel's PRIME
