@@ -1,7 +1,7 @@
-"""Exact mode on a GPU in four kernel launches and one 24-byte copy back: the vectors, then
-B R, C R and A (B R) reduced mod p = 2^61 - 1 inside the kernels, straight from the
-int8/int32 data (no converted copy, no limb arrays); the last launch compares A (B R) with
-C R and counts the rows that differ on the device.
+"""Exact mode on a GPU in three kernel launches and one 24-byte copy back: the vectors; B R and
+C R (one launch); A (B R). Products are reduced mod p = 2^61 - 1 inside the kernels, straight
+from the int8/int32 data (no converted copy, no limb arrays); the last launch compares
+A (B R) with C R and counts the rows that differ on the device.
 
 A row of M times a vector v with entries in [0, p) is summed in integers that cannot
 overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share of the row.
@@ -16,7 +16,7 @@ Each lane turns its limb sums into one residue (sum_t (S_t mod p) 2^(w t), a shi
 61-bit rotation mod p) and the warp adds the 32 residues mod p.
 
 The vectors never travel: a first launch derives the words of stream v3 (rng.field_vectors)
-from the 32-byte key, one Keccak-f[1600] permutation per thread, and the kernels keep their
+from the 32-byte key, one Keccak-f[1600] permutation per warp, and the kernels keep their
 low 61 bits. That is field_vectors itself unless a word's low 61 bits are all ones (rejected
 there, probability 2^-61 per word): the residue kernels flag such a word in the verdict, and
 the check is then re-run with the host's derivation.
@@ -57,82 +57,73 @@ C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
            "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
            "int64": "long long"}
 REGISTER_TYPES = {"uint32": "unsigned int", "int64": "long long"}  # else int
-WORDS_THREADS = 64  # Keccak threads per block (one stream block each)
+WORDS_THREADS = 128  # Keccak threads per block: 4 warps, one stream block each
 VERDICT_RESET = np.array([0, 2**63 - 1, 0], np.int64)
 _WORKSPACE_IN_USE = threading.Lock()  # one check at a time per workspace (host threads)
 
 WORDS_SOURCE = r"""
 typedef unsigned long long u64;
-__device__ __forceinline__ u64 big_endian(u64 x) {  // the lane whose bytes are x's, high first
-    return ((u64)__byte_perm((unsigned int)x, 0, 0x0123) << 32)
-           | __byte_perm((unsigned int)(x >> 32), 0, 0x0123);
-}
-__device__ __forceinline__ u64 rotl64(u64 x, int s) { return (x << s) | (x >> (64 - s)); }
+#define FULL 0xffffffffu
 
-__device__ __forceinline__ void keccak_f(u64 (&a)[25]) {
-    const u64 round_constants[24] = {
-        0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808aULL,
-        0x8000000080008000ULL, 0x000000000000808bULL, 0x0000000080000001ULL,
-        0x8000000080008081ULL, 0x8000000000008009ULL, 0x000000000000008aULL,
-        0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000aULL,
-        0x000000008000808bULL, 0x800000000000008bULL, 0x8000000000008089ULL,
-        0x8000000000008003ULL, 0x8000000000008002ULL, 0x8000000000000080ULL,
-        0x000000000000800aULL, 0x800000008000000aULL, 0x8000000080008081ULL,
-        0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL};
-    const int rotation[24] = {1, 3, 6, 10, 15, 21, 28, 36, 45, 55, 2, 14,
-                              27, 41, 56, 8, 25, 43, 62, 18, 39, 61, 20, 44};
-    const int lane[24] = {10, 7, 11, 17, 18, 3, 5, 16, 8, 21, 24, 4,
-                          15, 23, 19, 13, 12, 2, 20, 14, 22, 9, 6, 1};
-    #pragma unroll
-    for (int round = 0; round < 24; ++round) {
-        u64 c[5];
-        #pragma unroll
-        for (int x = 0; x < 5; ++x) c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
-        #pragma unroll
-        for (int x = 0; x < 5; ++x) {
-            const u64 d = c[(x + 4) % 5] ^ rotl64(c[(x + 1) % 5], 1);
-            #pragma unroll
-            for (int y = 0; y < 25; y += 5) a[y + x] ^= d;
-        }
-        u64 carried = a[1];
-        #pragma unroll
-        for (int i = 0; i < 24; ++i) {
-            const u64 next = a[lane[i]];
-            a[lane[i]] = rotl64(carried, rotation[i]);
-            carried = next;
-        }
-        #pragma unroll
-        for (int y = 0; y < 25; y += 5) {
-            u64 row[5];
-            #pragma unroll
-            for (int x = 0; x < 5; ++x) row[x] = a[y + x];
-            #pragma unroll
-            for (int x = 0; x < 5; ++x) a[y + x] = row[x] ^ (~row[(x + 1) % 5] & row[(x + 2) % 5]);
-        }
-        a[0] ^= round_constants[round];
-    }
+// Keccak-f[1600] (FIPS 202) by one warp: lane l < 25 holds state lane l = x + 5 y. Rho and
+// pi are one pull: lane l takes lane KECCAK_SOURCE[l] rotated left by KECCAK_SHIFT[l] (lanes
+// 25-31 take themselves and never feed lanes below 25).
+__constant__ unsigned char KECCAK_SOURCE[32] = {
+    0, 6, 12, 18, 24, 3, 9, 10, 16, 22, 1, 7, 13, 19, 20, 4, 5, 11, 17, 23, 2, 8, 14, 15, 21,
+    25, 26, 27, 28, 29, 30, 31};
+__constant__ unsigned char KECCAK_SHIFT[32] = {
+    0, 44, 43, 21, 14, 28, 20, 3, 45, 61, 1, 6, 25, 8, 18, 27, 36, 10, 15, 56, 62, 55, 39, 41,
+    2, 0, 0, 0, 0, 0, 0, 0};
+__constant__ u64 KECCAK_ROUND[24] = {
+    0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808aULL,
+    0x8000000080008000ULL, 0x000000000000808bULL, 0x0000000080000001ULL,
+    0x8000000080008081ULL, 0x8000000000008009ULL, 0x000000000000008aULL,
+    0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000aULL,
+    0x000000008000808bULL, 0x800000000000008bULL, 0x8000000000008089ULL,
+    0x8000000000008003ULL, 0x8000000000008002ULL, 0x8000000000000080ULL,
+    0x000000000000800aULL, 0x800000008000000aULL, 0x8000000080008081ULL,
+    0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL};
+
+__device__ __forceinline__ u64 rotl64(u64 v, int s) {  // s in [0, 64)
+    return (v << s) | (v >> ((64 - s) & 63));
+}
+__device__ __forceinline__ u64 big_endian(u64 v) {  // the lane whose bytes are v's, high first
+    return ((u64)__byte_perm((unsigned int)v, 0, 0x0123) << 32)
+           | __byte_perm((unsigned int)(v >> 32), 0, 0x0123);
 }
 
-// Words 0 .. count - 1 of a field vector (stream v3, verifier/rng.py), BLOCK_WORDS per
-// thread: block b = SHAKE128(FIELD_BLOCK_DOMAIN || key || b as 8 bytes big-endian), one
-// permutation of the padded 64-byte input. Thread 0 also resets the verdict.
+// Words 0 .. count - 1 of a field vector (stream v3, verifier/rng.py), one warp per block of
+// BLOCK_WORDS words: block b = SHAKE128(FIELD_BLOCK_DOMAIN || key || b as 8 bytes
+// big-endian), one permutation of the padded 64-byte input. Thread 0 also resets the verdict.
 extern "C" __global__ void field_words(u64 key0, u64 key1, u64 key2, u64 key3,
                                        u64* __restrict__ words, long long count,
                                        long long* __restrict__ verdict) {
-    const long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b == 0) {
+    const int l = threadIdx.x & 31, x = l % 5, y = l / 5;
+    const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (b == 0 && l == 0) {
         verdict[0] = 0;
         verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
         verdict[2] = 0;
     }
-    if (b * BLOCK_WORDS >= count) return;
-    u64 a[25] = {DOMAIN0, DOMAIN1, DOMAIN2, key0, key1, key2, key3,
-                 big_endian((u64)b), 0x1FULL};  // the rest 0; SHAKE's padding 0x1F .. 0x80
-    a[BLOCK_WORDS - 1] ^= 0x8000000000000000ULL;
-    keccak_f(a);
-    #pragma unroll
-    for (int i = 0; i < BLOCK_WORDS; ++i)
-        if (b * BLOCK_WORDS + i < count) words[b * BLOCK_WORDS + i] = a[i];
+    if (b * BLOCK_WORDS >= count) return;  // whole warps: b is the same in all 32 lanes
+    // the padded input: domain (lanes 0-2), key (3-6), b (7), SHAKE's 0x1F .. 0x80 (8, 20)
+    u64 a = l == 0 ? DOMAIN0 : l == 1 ? DOMAIN1 : l == 2 ? DOMAIN2 : l == 3 ? key0
+          : l == 4 ? key1 : l == 5 ? key2 : l == 6 ? key3 : l == 7 ? big_endian((u64)b)
+          : l == 8 ? 0x1FULL : l == BLOCK_WORDS - 1 ? 0x8000000000000000ULL : 0ULL;
+    const int source = KECCAK_SOURCE[l], shift = KECCAK_SHIFT[l];
+    for (int round = 0; round < 24; ++round) {
+        u64 c = 0;  // theta: column parities, then each lane's column gets d
+        #pragma unroll
+        for (int t = 0; t < 5; ++t) c ^= __shfl_sync(FULL, a, x + 5 * t);
+        const u64 d = __shfl_sync(FULL, c, (x + 4) % 5)
+                      ^ rotl64(__shfl_sync(FULL, c, (x + 1) % 5), 1);
+        a = rotl64(__shfl_sync(FULL, a ^ d, source), shift);  // rho and pi
+        const u64 next = __shfl_sync(FULL, a, (x + 1) % 5 + 5 * y);  // chi along the row
+        const u64 after = __shfl_sync(FULL, a, (x + 2) % 5 + 5 * y);
+        a ^= ~next & after;
+        if (l == 0) a ^= KECCAK_ROUND[round];  // iota
+    }
+    if (l < BLOCK_WORDS && b * BLOCK_WORDS + l < count) words[b * BLOCK_WORDS + l] = a;
 }
 """
 
@@ -478,9 +469,7 @@ class Vectors(NamedTuple):
 def device_vectors(seed: bytes, n: int, rounds: int) -> Vectors:
     """The vectors of field_vectors(seed, n, rounds), to be derived on the device by the
     check itself (one hashlib call here: the key)."""
-    key = field_key(seed, n, rounds)
-    lanes = tuple(np.uint64(int.from_bytes(key[i : i + 8], "little")) for i in (0, 8, 16, 24))
-    return Vectors(seed, n, rounds, lanes)
+    return Vectors(seed, n, rounds, tuple(np.frombuffer(field_key(seed, n, rounds), "<u8")))
 
 
 @cache
@@ -496,9 +485,9 @@ def _words_kernel():
 def derive_words(vectors: Vectors, words, verdict) -> None:
     """One launch on the current stream: words (rounds, n) uint64 = the first n * rounds words
     of stream v3 (their low 61 bits are field_vectors(...).T unless one is p, which the
-    residue kernels report in verdict[2]); verdict reset."""
+    residue kernels report in verdict[2]); verdict reset. One warp per stream block."""
     count = vectors.n * vectors.rounds
-    threads = -(-count // BLOCK_WORDS)
+    threads = 32 * -(-count // BLOCK_WORDS)
     _words_kernel()((-(-threads // WORDS_THREADS),), (WORDS_THREADS,),
                     (*vectors.key, words, np.int64(count), verdict))
 
