@@ -252,10 +252,8 @@ class Node:
         with self.lock:
             parent = self.head()
             timestamp = max(int(time.time()), parent.timestamp + 1)
-            header = self.chain.create_header_from_parent(
-                parent, coinbase=REWARD_POOL_ADDRESS, timestamp=timestamp,
-                gas_limit=parent.gas_limit,
-            )
+            vm_class = self.chain.get_vm_class_for_block_number(parent.block_number + 1)
+            header = vm_class.child_header(parent, REWARD_POOL_ADDRESS, timestamp)
             vm = self.chain.get_vm(header)
             candidates = self._select(vm.state)
             vm.block_preprocessing(vm.get_block())
@@ -275,13 +273,10 @@ class Node:
                 header = vm.add_receipt_to_header(header, receipt)
                 included.append(tx)
                 receipts.append(receipt)
-            block = vm.set_block_transactions_and_withdrawals(
-                vm.get_block(), header, included, receipts
-            )
-            block = vm.block_postprocessing(block)
             try:
-                sealed = vm.mine_block(block, extra_data=work_seal(verified_work(receipts))).block
-                # mine_block validated the block as it built it: store it without a second
+                sealed = vm.seal_block(header, included, receipts,
+                                       work_seal(verified_work(receipts)))
+                # seal_block validated the block as it built it: store it without a second
                 # validation, nor reading it back (Chain.persist_block would do both)
                 self.chain.chaindb.persist_block(sealed)
                 self.db.flush()

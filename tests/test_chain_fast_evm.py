@@ -17,6 +17,7 @@ from eth.rlp.logs import Log
 from eth.vm import opcode_values
 from eth.vm.code_stream import CodeStream
 from eth.vm.forks.byzantium import ByzantiumVM
+from eth.vm.forks.prague import PragueVM
 from eth.vm.spoof import SpoofTransaction
 from eth_bloom import BloomFilter
 from eth_hash.auto import keccak
@@ -414,6 +415,18 @@ def test_stock_py_evm_accepts_every_fast_block(scenario):
             theirs = ByzantiumVM.add_receipt_to_header(vm, theirs, receipt)
             assert ours == theirs and type(ours) is type(theirs)
         assert ours.hash == block.header.hash
+    # the fast VM's next header against py-evm's create_header_from_parent, on every parent
+    # (base fees moving up and down with the blocks' gas)
+    fast_vm = type(vm)
+    for block in sealed:
+        parent = node.chain.get_block_header_by_hash(block.header.parent_hash)
+        for timestamp in (parent.timestamp + 1, block.header.timestamp + 3600):
+            ours = fast_vm.child_header(parent, REWARD_POOL_ADDRESS, timestamp)
+            theirs = PragueVM.create_header_from_parent(
+                parent, coinbase=REWARD_POOL_ADDRESS, timestamp=timestamp,
+                gas_limit=parent.gas_limit)
+            assert ours == theirs and type(ours) is type(theirs) and ours.hash == theirs.hash
+    assert len({block.header.base_fee_per_gas for block in sealed}) > 2
     for a, b in zip(sealed[1].get_receipts(node.chain.chaindb),
                     stock.get_canonical_block_by_number(sealed[1].number).get_receipts(
                         stock.chaindb), strict=True):
