@@ -143,6 +143,8 @@ def host_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = Non
     for i in range(0, rows, step):
         blk = M[i : i + step]
         end = i + blk.shape[0]
+        out = buf[: end - i]
+        np.copyto(out, blk, casting="unsafe")  # first: the read from memory overlaps it
         if limit is not None:
             top = max(int(blk.max()), -int(blk.min()))
             if top > limit:
@@ -153,8 +155,6 @@ def host_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = Non
         if W is None:
             pieces = signed_digits(np, V, width).reshape(inner, -1)
             W = digits[width] = np.ascontiguousarray(pieces.T, dtype=np.float64)[:, None]
-        out = buf[: end - i]
-        np.copyto(out, blk, casting="unsafe")
         np.matmul(W, out.T, out=sums[: W.shape[0], :, i:end])
     with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
         residues = sums.astype(np.int64).reshape(most, cols, rows) % P
