@@ -84,6 +84,63 @@ def print_timeline(path: str, roles: dict[int, str]) -> None:
         previous = ns
 
 
+# A lone job's critical path: (step, process, mark prefix, the step it is measured from).
+# "worker" is the worker that did the job; each step is the first such mark after its anchor.
+PATH_STEPS = [
+    ("uploaded", "client", "job uploaded", "start"),
+    ("submit signed", "client", "client signed submitJobs", "uploaded"),
+    ("submit at node", "node", "rpc in eth_sendRawTransaction", "submit signed"),
+    ("submit admitted", "node", "node admitted", "submit at node"),
+    ("client has send reply", "client", "client sent submitJobs", "submit admitted"),
+    ("submit seal starts", "node", "node gathered", "submit admitted"),
+    ("submit sealed", "node", "node sealed", "submit seal starts"),
+    ("worker sees job", "worker", "worker logs", "submit sealed"),
+    ("operands fetched", "worker", "worker fetched", "worker sees job"),
+    ("C uploaded", "worker", "worker uploaded", "operands fetched"),
+    ("commit signed", "worker", "client signed commitJobs", "C uploaded"),
+    ("commit at node", "node", "rpc in eth_sendRawTransaction", "commit signed"),
+    ("commit admitted", "node", "node admitted", "commit at node"),
+    ("commit seal starts", "node", "node gathered", "commit admitted"),
+    ("commit sealed", "node", "node sealed", "commit seal starts"),
+    ("client has commit", "client", "job committed", "commit sealed"),
+    ("client checked C", "client", "job fetched and checked", "client has commit"),
+    ("finalize seal starts", "node", "node gathered", "commit sealed"),
+    ("finalize sealed", "node", "node sealed", "finalize seal starts"),
+    ("client has verdict", "client", "job paid", "finalize sealed"),
+]
+
+
+def path_medians(path: str, roles: dict[int, str], skip: int = 2) -> None:
+    """Median and 90th percentile over the lone jobs (the first `skip` left out) of each
+    step of PATH_STEPS, from its anchor, and the median time from the job's start."""
+    marks = timeline.read(path)
+    starts = [i for i, (_, pid, label) in enumerate(marks)
+              if label == "job start" and roles.get(pid) == "client"][skip:]
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in PATH_STEPS}
+    for n, first in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(marks)
+        job = marks[first:end]
+        doer = next((pid for _, pid, label in job if label.startswith("worker fetching")), None)
+        at = {"start": job[0][0]}
+        for name, role, prefix, anchor in PATH_STEPS:
+            if anchor not in at:
+                continue
+            found = next((ns for ns, pid, label in job
+                          if ns >= at[anchor] and label.startswith(prefix) and
+                          (pid == doer if role == "worker" else roles.get(pid) == role)), None)
+            if found is not None:
+                at[name] = found
+                rows[name].append(((found - at[anchor]) / 1e6, (found - at["start"]) / 1e6))
+    print(f"\n== the job's path, over {len(starts)} lone jobs (ms; median and p90 of each step "
+          "from its anchor, median time from the job's start)")
+    print(f"  {'step':<22} {'from':<20} {'median':>7} {'p90':>7} {'at':>7}")
+    for name, _, _, anchor in PATH_STEPS:
+        if rows[name]:
+            deltas, ats = np.array(rows[name]).T
+            print(f"  {name:<22} {anchor:<20} {np.median(deltas):7.2f} "
+                  f"{np.percentile(deltas, 90):7.2f} {np.median(ats):7.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 2048])
@@ -114,6 +171,7 @@ def main() -> None:
                          **{w.process.pid: f"worker{w.index}" for w in net.workers}}
                 print("\n== timeline of the last job (every process's marks)")
                 print_timeline(args.timeline, roles)
+                path_medians(args.timeline, roles)
         if "transaction" in args.parts:
             transaction(client)
         if "small" in args.parts:
@@ -184,7 +242,7 @@ def transaction(client: JobClient) -> None:
         t0 = time.perf_counter()
         raw = chain.sign(market.contract.functions.register(), value=10**18, gas=200_000)
         t1 = time.perf_counter()
-        tx_hash = chain.w3.eth.send_raw_transaction(raw)
+        tx_hash = chain.send_raw(raw)
         t2 = time.perf_counter()
         chain.wait_for_receipt(tx_hash)
         steps.append([t1 - t0, t2 - t1, time.perf_counter() - t2])

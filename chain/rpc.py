@@ -536,6 +536,7 @@ class Rpc:
 
 
 MAX_RPC_BODY = 64 * 2**20
+MAX_WAIT_TXS = 64  # transactions one long poll may wait for
 
 
 class NodeApp:
@@ -602,17 +603,21 @@ class NodeApp:
         logs in blocks `block`..head, and for `tx` its receipt (null if it is not among the
         node's recent blocks), as eth_getLogs and eth_getTransactionReceipt give them. So a
         client follows the chain without polling it, and learns what it waited for without
-        asking again."""
+        asking again. `tx` may be repeated (up to MAX_WAIT_TXS): the answer comes once all
+        left the mempool, with `receipts` in the same order (`receipt` is the first's), so a
+        worker waits for its commit and finalisation with one request instead of two."""
         query = parse_qs(scope["query_string"].decode("latin-1"))
         try:
             block = int(query.get("block", ["0"])[-1])
             timeout = min(max(float(query.get("timeout", ["10"])[-1]), 0.0), 60.0)
-            tx_hash = None
-            if "tx" in query:
+            tx_hashes = []
+            if len(query.get("tx", [])) > MAX_WAIT_TXS:
+                raise invalid_params(f"more than {MAX_WAIT_TXS} tx")
+            for value in query.get("tx", []):
                 try:
-                    tx_hash = bytes.fromhex(query["tx"][-1].removeprefix("0x"))
+                    tx_hashes.append(bytes.fromhex(value.removeprefix("0x")))
                 except ValueError:
-                    raise invalid_params(f"tx {query['tx'][-1]!r} is not hex") from None
+                    raise invalid_params(f"tx {value!r} is not hex") from None
             logs = query["logs"][-1] if "logs" in query else None
             if logs is not None:
                 parse_address(logs, "logs")
@@ -635,14 +640,17 @@ class NodeApp:
             return answer
 
         def mined() -> dict:
+            mempool = node.mempool
             with node.new_head:
-                node.new_head.wait_for(lambda: tx_hash not in node.mempool.by_hash, timeout)
-            receipt = None if tx_hash in node.mempool.by_hash else rpc.recent_receipt(tx_hash)
+                node.new_head.wait_for(
+                    lambda: not any(h in mempool.by_hash for h in tx_hashes), timeout)
+            receipts = [None if h in mempool.by_hash else rpc.recent_receipt(h)
+                        for h in tx_hashes]
             mark("rpc wait tx done")
             return {"head": node.head().block_number, "gas_price": node.gas_price,
-                    "receipt": receipt}
+                    "receipt": receipts[0], "receipts": receipts}
 
-        answer = await anyio.to_thread.run_sync(sealed if tx_hash is None else mined,
+        answer = await anyio.to_thread.run_sync(mined if tx_hashes else sealed,
                                                 limiter=self.waiters)
         await json_reply(send, 200, answer)
 

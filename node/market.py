@@ -207,6 +207,11 @@ class Market:
         """The receipt of a `post_with_gas` call; TxReverted if it reverted."""
         return self.client.confirm(*posted)
 
+    def confirm_all(self, posted: list) -> list:
+        """The receipts of several `post_with_gas` calls, in order, from one long poll;
+        TxReverted for the first that reverted."""
+        return self.client.confirm_all(posted)
+
     def block_number(self) -> int:
         return self.w3.eth.block_number
 

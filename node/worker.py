@@ -2,9 +2,10 @@
 on its best device, uploads and commits the result, and finalises it to get paid.
 
 One process = one key. The job loop runs on the main thread; claimed jobs run on a small
-thread pool (several in flight); the HTTP API runs on its own thread. State (the next block
-to scan and this node's jobs) is saved to `<data_dir>/worker-state.json` after every
-change, so a restart resumes claimed and committed jobs instead of abandoning them.
+thread pool (several in flight); the HTTP API runs on its own thread. State (this node's
+jobs, and the next block to scan) is saved to `<data_dir>/worker-state.json` when a job
+changes stage (the next block at most once a second, off the job's path), so a restart
+resumes claimed and committed jobs instead of abandoning them.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class Worker:
         self._head = 0
         self._state_path = Path(config.data_dir) / "worker-state.json"
         self._next_block, self.jobs = self._load_state()
+        self._saved_block = self._next_block
         self._api_server = None
         self._withdrawing = False
         self._min_stake = 0
@@ -143,10 +145,13 @@ class Worker:
 
     def _save_state(self) -> None:
         with self._lock:
-            data = {"next_block": self._next_block, "jobs": [asdict(j) for j in self.jobs]}
+            # vars, not asdict (which deep-copies every field): the file lists every job
+            # this node saw, and it is saved on each stage change of a job
+            data = {"next_block": self._next_block, "jobs": [vars(j) for j in self.jobs]}
+            self._saved_block = self._next_block
             self._state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data))
+            tmp.write_text(json.dumps(data, separators=(",", ":")))
             os.replace(tmp, self._state_path)
 
     def _set_stage(self, record: JobRecord, stage: str, detail: str = "",
@@ -284,9 +289,10 @@ class Worker:
 
     def _poll(self, head: int, events: list | None = None) -> None:
         """Take in blocks up to `head` (`events`: the market's events in the blocks not
-        seen yet, from the long poll; else asked for) and start work on new jobs."""
+        seen yet, from the long poll; else asked for) and start work on new jobs. The next
+        block to scan is saved by `_refresh_account`, off the job's path (a restart rescans
+        the blocks since: harmless)."""
         self._head = head
-        changed = False
         if head >= self._next_block:
             if events is None:
                 events = self.chain.logs(self._next_block, head)
@@ -299,15 +305,15 @@ class Worker:
             self._candidates.update(news.opened)
             self._seen.update(dict.fromkeys(news.opened, time.monotonic()))
             self._next_block = head + 1
-            changed = any(news)  # blocks without market events need no save: a rescan is free
         self._take_candidates()
-        if changed:
-            self._save_state()
 
     def _refresh_account(self) -> None:
         """Stake and balance, every ACCOUNT_REFRESH_SECONDS on a thread of their own: the
-        node answers reads after the block it is sealing, and the job loop must not wait."""
+        node answers reads after the block it is sealing, and the job loop must not wait.
+        The state is saved here too if only the next block to scan moved."""
         while not self._stop.wait(ACCOUNT_REFRESH_SECONDS):
+            if self._next_block != self._saved_block:
+                self._save_state()
             try:
                 self._stake_wei = self.chain.stake_of(self.address)
                 self._balance_wei = self.chain.balance_of(self.address)
@@ -430,7 +436,9 @@ class Worker:
         (jobs another worker took first are skipped) and finalise them in one more."""
         try:
             ready, results = [], []
-            outcomes = self._blob_pool.map(self._try_compute, jobs)  # transfers overlap
+            # several jobs' transfers overlap on the blob pool; a lone job stays on this thread
+            outcomes = map(self._try_compute, jobs) if len(jobs) == 1 else \
+                self._blob_pool.map(self._try_compute, jobs)
             for record, job, (c, err) in zip(records, jobs, outcomes, strict=True):
                 if err is None:
                     results.append(c)
@@ -452,9 +460,10 @@ class Worker:
             # the same block it would skip the jobs, and _finalize_all sends it again)
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in ready)
             early = self._retry(self.chain.post_with_gas, gas, "finalizeJobs", ids)
-            receipt = self.chain.confirm(commit)
-            mark("worker commit receipt")
-            self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t0)
+            # both receipts from one long poll, answered with the finalisation's block: the
+            # node then answers one request fewer per block while the next block seals
+            receipt, finalized = self.chain.confirm_all([commit, early])
+            mark("worker receipts")
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
             batch = {id(r) for r in records}
@@ -466,7 +475,7 @@ class Worker:
                 record.stage = "committed"
             self.metrics.jobs.labels("committed").inc(len(committed))
             if committed:
-                self._finalize_all(committed, receipt["blockNumber"], early)
+                self._finalize_all(committed, receipt["blockNumber"], finalized, t0)
         except TxReverted as err:
             log.warning("batch commit reverted: %s", err)
             for record in records:
@@ -498,13 +507,12 @@ class Worker:
             return None, err
 
     def _finalize_all(self, committed: list[tuple[JobRecord, Job]], commit_block: int,
-                      early) -> None:
-        """Verdicts from the receipt of the finalizeJobs sent with the commit; jobs it skipped
-        (it landed in the commit's block) are finalised once more; jobs someone else
-        finalised are looked up on the chain."""
-        t0 = time.perf_counter()
-        verdicts = self.chain.verdicts_in(self.chain.confirm(early))
-        mark("worker finalize receipt")
+                      finalized, t0: float) -> None:
+        """Verdicts from the receipt of the finalizeJobs sent with the commit (`finalized`);
+        jobs it skipped (it landed in the commit's block) are finalised once more; jobs
+        someone else finalised are looked up on the chain. The finalize latency counts from
+        the commit's sending (`t0`): both are confirmed together."""
+        verdicts = self.chain.verdicts_in(finalized)
         again = [(r, j) for r, j in committed if j.job_id not in verdicts]
         if again:
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in again)

@@ -172,3 +172,39 @@ def test_wait_answers_when_a_block_or_transaction_is_sealed(node, clients):
               timeout=60).raise_for_status()
     assert client.w3.eth.get_transaction_receipt(tx_hash)["status"] == 1
     assert httpx.get(f"{node.url}/wait", params={"tx": "0xzz"}).status_code == 400
+
+
+def test_one_long_poll_waits_for_several_transactions(node, clients):
+    """GET /wait with several `tx` answers once all are mined, each receipt as
+    eth_getTransactionReceipt gives it; `confirm_all` returns web3's receipts from it and
+    names a revert among them; `send_raw` returns the hash and names a refusal."""
+    from eth_utils import keccak
+    from web3.exceptions import Web3RPCError
+
+    client = clients[0]  # registers here; the other tests keep their roles
+    f = client.market.functions
+    register = client.sign(f.register(), value=ETHER, gas=200_000)
+    assert client.send_raw(register) == keccak(register)
+    with pytest.raises(Web3RPCError, match="already known|nonce too low"):
+        client.send_raw(register)
+    calls = [f.workerStake(client.address), f.commitJobs([1], [b"\1" * 32] * 2)]
+    # a view called as a transaction succeeds; the commit reverts: both mined
+    posted = [(call, client.post(call, gas=300_000)) for call in calls]
+    answer = httpx.get(f"{node.url}/wait", params={"tx": ["0x" + h.hex() for _, h in posted],
+                                                   "timeout": 30}, timeout=60).json()
+    expected = [httpx.post(node.url, json={
+        "jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionReceipt",
+        "params": ["0x" + h.hex()]}).json()["result"] for _, h in posted]
+    assert answer["receipts"] == expected and answer["receipt"] == expected[0]
+    assert [r["status"] for r in expected] == ["0x1", "0x0"]
+    assert client.confirm_all(posted[:1]) == [client.w3.eth.get_transaction_receipt(
+        posted[0][1])]
+    with pytest.raises(TransactionReverted, match="commitJobs reverted.*length mismatch"):
+        client.confirm_all(posted)
+    # a hash the node never saw has left the mempool: null, and the client asks for it alone
+    unknown = "0x" + "ab" * 32
+    answer = httpx.get(f"{node.url}/wait", params={"tx": [unknown, "0x" + posted[0][1].hex()],
+                                                   "timeout": 1}).json()
+    assert answer["receipts"] == [None, expected[0]]
+    bad = httpx.get(f"{node.url}/wait", params={"tx": [unknown] * 65, "timeout": 0})
+    assert bad.status_code == 400 and "more than 64 tx" in bad.json()["error"]

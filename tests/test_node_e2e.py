@@ -4,6 +4,7 @@ one cheating, one that hangs and is killed), and the job client with signed tran
 The scenarios share one chain and run in order (the cheater's slash in the first leaves it
 unable to claim in the later ones)."""
 
+import json
 import os
 import threading
 import time
@@ -136,6 +137,11 @@ def test_cheater_is_slashed_and_never_paid_honest_worker_is_paid(net, observer):
     status = HTTP.get(f"{honest.api_url}/status").json()
     assert status["completed"] == 5 and status["earned_wei"] == 5 * FEE
     assert HTTP.get(f"{cheater.api_url}/status").json()["failed"] == 1
+    # the next block to scan is saved off the job path, also across blocks without events
+    state = net.worker_dir(1) / "worker-state.json"
+    later = observer.block_number() + 2
+    _wait_for(lambda: json.loads(state.read_text())["next_block"] > later, 30,
+              "the worker to save its place in the chain")
 
     _wait_for(lambda: all(observer.job(j).status == 4 for j in range(observer.job_count())), 10,
               "every job done")
