@@ -15,10 +15,16 @@ import sqlite3
 import threading
 from os import PathLike
 
+from eth.abc import BlockAPI, BlockHeaderAPI
+from eth.constants import GENESIS_PARENT_HASH
 from eth.db.backends.base import BaseDB
+from eth.db.chain import ChainDB
+from eth_typing import Hash32
+from lru import LRU
 
 _DELETED = None
 CACHE_ENTRIES = 1 << 17  # trie nodes are ~100-600 bytes: tens of MB at most
+HEADER_CACHE_ENTRIES = 512
 
 
 class SqliteDB(BaseDB):
@@ -103,3 +109,27 @@ class SqliteDB(BaseDB):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+class HeaderCachingChainDB(ChainDB):
+    """py-evm's ``ChainDB`` keeping the headers it stored or read lately, decoded: each new
+    block reads its parent's header twice in validation, and BLOCKHASH and the RPC read
+    recent ones (py-evm's own cache is keyed by the header's RLP, so a header the node just
+    stored is decoded again). Headers are immutable and addressed by their hash; one is
+    served while the database holds it (not after the write of its block was discarded)."""
+
+    def __init__(self, db) -> None:
+        super().__init__(db)
+        self._headers: LRU = LRU(HEADER_CACHE_ENTRIES)
+
+    def get_block_header_by_hash(self, block_hash: Hash32) -> BlockHeaderAPI:
+        header = self._headers.get(block_hash)
+        if header is None or block_hash not in self.db:
+            header = self._headers[block_hash] = super().get_block_header_by_hash(block_hash)
+        return header
+
+    def persist_block(self, block: BlockAPI, genesis_parent_hash: Hash32 = GENESIS_PARENT_HASH
+                      ) -> tuple[tuple[Hash32, ...], tuple[Hash32, ...]]:
+        persisted = super().persist_block(block, genesis_parent_hash)
+        self._headers[block.hash] = block.header
+        return persisted

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 import rlp
 from eth.db.atomic import AtomicDB
+from eth.db.chain import ChainDB
+from eth.exceptions import HeaderNotFound
 from eth_hash.auto import keccak
 from eth_utils import ValidationError, to_canonical_address
 from web3 import Web3
 
 from chain.blobs import BlobStore, blob_id, decode_array, encode_array
 from chain.compile import compiled_market
-from chain.db import SqliteDB
+from chain.db import HeaderCachingChainDB, SqliteDB
 from chain.devnet import dev_accounts
 from chain.genesis import genesis_params, genesis_state
 from chain.node import Node, NodeConfig
@@ -136,6 +138,31 @@ def test_sqlite_db_cache_agrees_with_the_table(tmp_path, monkeypatch):
     assert {k: fresh.get(k) for k in keys} == \
         {k: v for k, v in {**flushed, **pending}.items() if v is not None} | \
         {k: None for k in keys if {**flushed, **pending}.get(k) is None}
+
+
+def test_header_cache_serves_only_stored_headers(tmp_path):
+    """The fast path's ChainDB caches decoded headers: each equals a plain ChainDB's read of
+    the same database, and a block whose write was discarded is not found."""
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    try:
+        assert isinstance(node.chain.chaindb, HeaderCachingChainDB)
+        sealed = [node.seal() for _ in range(3)]
+        plain = ChainDB(node.chain.chaindb.db)
+        for block in sealed:
+            assert node.chain.chaindb.get_block_header_by_hash(block.hash) == \
+                plain.get_block_header_by_hash(block.hash) == block.header
+        parent = node.head()
+        vm = node.chain.get_vm(type(node.chain.get_vm()).child_header(
+            parent, parent.coinbase, parent.timestamp + 1))
+        orphan = vm.seal_block(vm.get_header(), [], [], b"")
+        node.chain.chaindb.persist_block(orphan)
+        assert node.chain.chaindb.get_block_header_by_hash(orphan.hash) == orphan.header
+        node.db.discard()
+        with pytest.raises(HeaderNotFound):
+            node.chain.chaindb.get_block_header_by_hash(orphan.hash)
+        assert node.seal().header.parent_hash == parent.hash
+    finally:
+        node.stop()
 
 
 # --- precompile verdicts -------------------------------------------------------------------
