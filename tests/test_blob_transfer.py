@@ -1,22 +1,32 @@
-"""The pipelined blob transfer: `BlobWriter` hashing and writing on threads (against hashlib
-and the bytes themselves), and large uploads hashed while sent (`POST` framing, the sha256
-after the bytes) through a real node process: round trips bit for bit, a wrong or missing
+"""The pipelined blob transfer: `BlobWriter` hashing and writing on threads, through the
+page cache or with O_DIRECT (against hashlib and the bytes themselves), and large uploads
+hashed while sent (`POST` framing, the sha256 after the bytes) through a real node process,
+by its blob listener and by its main port: round trips bit for bit, a wrong or missing
 trailing hash or a cut connection stores nothing and leaves no temp file; a blob the store
-already has stops being sent once its hash is known."""
+already has stops being sent once its hash is known. Then the listener's HTTP/1.1 itself
+(`chain/blobserver.py`, a real server on 127.0.0.1): keep-alive and pipelined requests,
+`Expect: 100-continue`, refused requests with the connection kept or closed as they must
+be, shutdown in the middle of an upload, and how `chain up` picks and advertises its port."""
 import hashlib
 import http.client
 import json
+import mmap
 import os
 import socket
+import subprocess
+import sys
 import time
 from concurrent import futures
+from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 import pytest
 
 from chain.blobhttp import BlobClient, _AlreadyStored, _HashedFrame
 from chain.blobs import PIPELINE_BYTES, BlobStore, encode_array
-from chain.launch import NodeProcess
+from chain.blobserver import BlobServer
+from chain.launch import NodeProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 LIMIT_MB = 24
@@ -89,10 +99,45 @@ def test_a_failed_write_fails_the_upload_and_stores_nothing(tmp_path):
     assert wait_for_files(tmp_path, []) == []
 
 
+@pytest.mark.parametrize("lead", [0, 8])
+def test_writer_with_aligned_buffers_writes_them_direct(tmp_path, lead):
+    """Page-aligned 1 MiB buffers (the listener's) then an odd tail: written with O_DIRECT
+    where the filesystem allows it (the tail through the page cache), the file is the bytes
+    and the id their sha256. With an 8-byte chunk first (unaligned file offsets after it)
+    everything goes through the page cache, same result."""
+    rng = np.random.default_rng(lead)
+    blob = encode_array(rng.standard_normal(((3 << 20) + 1234) // 4).astype(np.float32))
+    store = BlobStore(tmp_path, max_bytes=LIMIT_MB << 20)
+    writer = store.writer(len(blob))
+    pieces = [blob[:lead]] if lead else []
+    for start in range(lead, len(blob), 1 << 20):
+        buffer = mmap.mmap(-1, 1 << 20)  # page aligned, like the listener's pool buffers
+        piece = blob[start:start + (1 << 20)]
+        buffer[:len(piece)] = piece
+        pieces.append(memoryview(buffer)[:len(piece)])
+    for piece in pieces:
+        writer.write(piece)
+    writer.finish()
+    assert (writer.direct_fd >= 0) == (lead == 0 and store.direct_io)
+    assert writer.settled == len(blob)
+    id_ = writer.commit(hashlib.sha256(blob).digest())
+    store.sync_directory()
+    assert (tmp_path / id_.hex()).read_bytes() == blob
+    assert files(tmp_path) == [id_.hex()]
+
+
+@pytest.fixture(scope="module", params=["listener", "main port"])
+def served_by(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
+def node(tmp_path_factory, served_by):
+    """A node per blob server under test; `node.blob_port` is that server's port."""
     data = tmp_path_factory.mktemp("chain") / "data"
     with NodeProcess(data, block_time=0, extra_args=("--max-blob-mb", str(LIMIT_MB))) as proc:
+        blob_url = httpx.get(f"{proc.url}/info").json()["blob_url"]
+        proc.blob_port = urlsplit(blob_url).port if served_by == "listener" else proc.port
         yield proc
 
 
@@ -100,7 +145,7 @@ def test_large_blobs_round_trip_hashed_while_sent(node):
     """A 21 MiB array (several read chunks, pipeline steps and write-backs) and arrays around
     the streaming threshold go up hashed while sent and come back bit for bit; the id is
     the sha256 of numpy's encoding."""
-    client = BlobClient(f"{node.url}/blobs", LIMIT_MB << 20)
+    client = BlobClient(f"http://127.0.0.1:{node.blob_port}/blobs", LIMIT_MB << 20)
     rng = np.random.default_rng(2)
     for n in ((21 << 20) // 4, (1 << 18) - 3, 1 << 18):  # 21 MiB, just below and at 1 MiB
         array = rng.standard_normal(n).astype(np.float32)
@@ -109,7 +154,9 @@ def test_large_blobs_round_trip_hashed_while_sent(node):
         np.testing.assert_array_equal(client.get_array(id_), array)
         assert client.put_array(array) == id_  # again: the node keeps one copy
     client.close()
-    assert not [f for f in files(node.data_dir / "blobs") if f.startswith(".tmp")]
+    directory = node.data_dir / "blobs"  # a repeated upload cut short: its temp file goes
+    stored = sorted(f for f in files(directory) if not f.startswith(".tmp"))
+    assert wait_for_files(directory, stored) == stored
 
 
 def test_streamed_upload_with_wrong_or_cut_trailer_stores_nothing(node):
@@ -119,7 +166,7 @@ def test_streamed_upload_with_wrong_or_cut_trailer_stores_nothing(node):
     framed = len(blob).to_bytes(8, "little") + blob
 
     def post(body: bytes) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", node.port)
+        conn = http.client.HTTPConnection("127.0.0.1", node.blob_port)
         conn.request("POST", "/blobs/", body)
         response = conn.getresponse()
         result = response.status, json.loads(response.read())
@@ -131,7 +178,7 @@ def test_streamed_upload_with_wrong_or_cut_trailer_stores_nothing(node):
         in reply["error"]
     status, reply = post(framed + hashlib.sha256(blob).digest()[:31])
     assert status == 400 and "ends inside blob 0" in reply["error"]
-    with socket.create_connection(("127.0.0.1", node.port)) as sock:  # cut mid-blob
+    with socket.create_connection(("127.0.0.1", node.blob_port)) as sock:  # cut mid-blob
         sock.sendall(b"POST /blobs/ HTTP/1.1\r\nHost: x\r\nContent-Length: "
                      + str(len(framed) + 32).encode() + b"\r\n\r\n" + framed[:2 << 20])
     assert wait_for_files(directory, before) == before
@@ -144,7 +191,7 @@ def test_a_blob_the_store_has_stops_being_sent(node):
     """Once the hash thread has the id and the store says it has the blob, the frame stops
     before its next step; put_array then returns the id at once, and the connection it
     closed mid-body is reopened for the next request."""
-    client = BlobClient(f"{node.url}/blobs", LIMIT_MB << 20)
+    client = BlobClient(f"http://127.0.0.1:{node.blob_port}/blobs", LIMIT_MB << 20)
     array = np.random.default_rng(4).standard_normal((21 << 20) // 4).astype(np.float32)
     id_ = client.put_array(array)
     blob = memoryview(encode_array(array))
@@ -164,3 +211,131 @@ def test_a_blob_the_store_has_stops_being_sent(node):
     directory = node.data_dir / "blobs"
     assert not [f for f in wait_for_files(directory, sorted(
         f for f in files(directory) if not f.startswith(".tmp"))) if f.startswith(".tmp")]
+
+
+# -- the listener's HTTP/1.1 ---------------------------------------------------------------
+
+@pytest.fixture
+def listener(tmp_path):
+    store = BlobStore(tmp_path / "blobs", max_bytes=LIMIT_MB << 20)
+    with BlobServer(store) as server:
+        yield server
+
+
+def read_response(reader, head: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """One response from a socket's reader (status, headers, body)."""
+    status = int(reader.readline().split()[1])
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = 0 if head or status == 100 else int(headers.get("content-length", 0))
+    return status, headers, reader.read(length)
+
+
+def test_listener_keep_alive_pipelining_and_100_continue(listener):
+    blob = encode_array(np.random.default_rng(5).standard_normal(300_001).astype(np.float32))
+    id_hex = hashlib.sha256(blob).hexdigest()
+    with socket.create_connection(("127.0.0.1", listener.port)) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(f"PUT /blobs/0x{id_hex} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     f"Content-Length: {len(blob)}\r\n\r\n".encode())
+        assert read_response(reader)[0] == 100  # the size is accepted: now the body
+        sock.sendall(blob)
+        status, _, body = read_response(reader)
+        assert status == 200 and json.loads(body) == {"id": "0x" + id_hex, "size": len(blob)}
+        missing = "0x" + "07" * 32
+        sock.sendall(f"GET /blobs/0x{id_hex} HTTP/1.1\r\n\r\nHEAD /blobs/0x{id_hex} HTTP/1.1"
+                     f"\r\n\r\nGET /blobs/{missing}?x=1 HTTP/1.1\r\n\r\n".encode())
+        status, headers, body = read_response(reader)
+        assert status == 200 and body == blob
+        assert headers["content-type"] == "application/octet-stream"
+        status, headers, body = read_response(reader, head=True)
+        assert status == 200 and int(headers["content-length"]) == len(blob) and body == b""
+        status, _, body = read_response(reader)
+        assert status == 404 and json.loads(body)["error"] == f"blob {missing} not found"
+    assert files(listener.store.directory) == [id_hex]
+
+
+def test_listener_refusals_keep_or_close_the_connection(listener):
+    """A refused body is read and dropped so the connection serves the next request; a
+    client waiting for `100 Continue` is refused at once and the connection closed; what the
+    listener cannot parse is answered 400 and closed. Nothing is stored."""
+    too_big = (LIMIT_MB << 20) + 1
+    with socket.create_connection(("127.0.0.1", listener.port)) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(f"PUT /blobs/0x{'00' * 32} HTTP/1.1\r\nContent-Length: {too_big}\r\n\r\n"
+                     .encode() + bytes(too_big))
+        status, headers, body = read_response(reader)
+        assert status == 413 and "exceeds the" in json.loads(body)["error"]
+        assert "connection" not in headers
+        for request, expected in ((f"DELETE /blobs/0x{'00' * 32}", 405), ("GET /other", 404),
+                                  ("GET /blobs/12", 400), (f"HEAD /blobs/0x{'00' * 32}", 404)):
+            sock.sendall(f"{request} HTTP/1.1\r\n\r\n".encode())
+            assert read_response(reader, head=request.startswith("HEAD"))[0] == expected
+        sock.sendall(b"POST /blobs/ HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+        status, headers, body = read_response(reader)
+        assert status == 200 and json.loads(body) == {"ids": []}
+        assert headers["connection"] == "close" and reader.read() == b""  # closed
+    for request, message in (
+            (f"PUT /blobs/0x{'00' * 32} HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: "
+             f"{too_big}\r\n\r\n", "exceeds the"),
+            ("POST /blobs/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "chunked"),
+            ("GET /blobs/ HTTP/1.1\r\nContent-Length: -3\r\n\r\n", "negative"),
+            ("BREW /blobs\r\n\r\n", "bad request line")):
+        with socket.create_connection(("127.0.0.1", listener.port)) as sock:
+            reader = sock.makefile("rb")
+            sock.sendall(request.encode())
+            status, _, body = read_response(reader)
+            assert status in (400, 413) and message in json.loads(body)["error"]
+            assert reader.read() == b""  # closed without waiting for a body
+    assert files(listener.store.directory) == []
+
+
+def test_listener_close_mid_upload_stores_nothing(tmp_path):
+    store = BlobStore(tmp_path / "blobs", max_bytes=LIMIT_MB << 20)
+    server = BlobServer(store).start()
+    blob = encode_array(np.arange(3 << 18, dtype=np.int32))  # 3 MiB: pipelined, direct
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(f"PUT /blobs/0x{hashlib.sha256(blob).hexdigest()} HTTP/1.1\r\n"
+                     f"Content-Length: {len(blob)}\r\n\r\n".encode() + blob[:2 << 20])
+        deadline = time.monotonic() + 10  # until the upload's temp file exists
+        while not files(store.directory) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.close()
+        assert sock.recv(100) == b""  # cut
+    assert wait_for_files(store.directory, []) == []
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+
+def test_chain_up_blob_port_and_the_advertised_url(tmp_path):
+    """`--blob-port` is honoured and `/info` advertises it at the host the client used; by
+    default the listener takes the HTTP port + 1, or any free port when that is taken."""
+    blob_port = free_port()
+    with NodeProcess(tmp_path / "a", block_time=0,
+                     extra_args=("--blob-port", str(blob_port))) as node:
+        for host in ("127.0.0.1", "localhost"):
+            info = httpx.get(f"http://{host}:{node.port}/info").json()
+            assert info["blob_url"] == f"http://{host}:{blob_port}/blobs"
+        client = BlobClient(info["blob_url"], LIMIT_MB << 20)
+        ones = np.ones(5, np.int16)
+        np.testing.assert_array_equal(client.get_array(client.put_array(ones)), ones)
+        client.close()
+        assert f"blobs http://127.0.0.1:{blob_port}/blobs" in node.log_path.read_text()
+    port = free_port()
+    with socket.socket() as taken:
+        try:
+            taken.bind(("127.0.0.1", port + 1))
+        except OSError:
+            pass  # taken by someone else: the same case
+        with NodeProcess(tmp_path / "b", block_time=0, port=port) as node:
+            url = httpx.get(f"{node.url}/info").json()["blob_url"]
+            assert urlsplit(url).port not in (port, port + 1)
+            assert httpx.head(f"{url}/0x{'00' * 32}").status_code == 404
+        # a port given explicitly is not replaced: taken, the node does not start
+        result = subprocess.run([sys.executable, "-m", "chain", "up", "--data-dir",
+                                 str(tmp_path / "c"), "--port", str(free_port()),
+                                 "--blob-port", str(port + 1)],
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and "Address already in use" in result.stderr + result.stdout

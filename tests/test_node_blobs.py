@@ -1,10 +1,14 @@
-"""The blob transfer path (`chain/blobhttp.py`) against a real node process: arrays of every
-blob dtype and layout round-trip bit for bit (numpy is the reference), and oversized,
-forged, truncated or corrupt blobs are refused with a clear error and leave nothing behind."""
+"""The blob transfer path against a real node process, through both of its blob servers
+(the listener `/info` advertises, `chain/blobserver.py`, and `/blobs` on the main port,
+`chain/blobhttp.py`'s BlobApp): arrays of every blob dtype and layout round-trip bit for bit
+(numpy is the reference), and oversized, forged, truncated or corrupt blobs are refused with
+the same clear errors and leave nothing behind."""
 import hashlib
 import http.client
 import json
+from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 import pytest
 
@@ -16,16 +20,32 @@ pytestmark = pytest.mark.timeout(60)
 LIMIT_MB = 4
 
 
+@pytest.fixture(scope="module", params=["listener", "main port"])
+def served_by(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
+def node(tmp_path_factory, served_by):
+    """A node per blob server under test (each starts with an empty store)."""
     data = tmp_path_factory.mktemp("chain") / "data"
     with NodeProcess(data, block_time=0, extra_args=("--max-blob-mb", str(LIMIT_MB))) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
-def blobs(node):
-    client = BlobClient(f"{node.url}/blobs", LIMIT_MB << 20)
+def blob_port(node, served_by) -> int:
+    """The port of the blob server under test."""
+    if served_by == "main port":
+        return node.port
+    port = urlsplit(httpx.get(f"{node.url}/info").json()["blob_url"]).port
+    assert port != node.port
+    return port
+
+
+@pytest.fixture(scope="module")
+def blobs(blob_port):
+    client = BlobClient(f"http://127.0.0.1:{blob_port}/blobs", LIMIT_MB << 20)
     yield client
     client.close()
 
@@ -50,15 +70,15 @@ def test_arrays_round_trip_bit_for_bit(blobs, array):
     assert blobs.has(id_) and blobs.put_array(array) == id_  # again: idempotent
 
 
-def test_oversized_blobs_are_refused_on_both_ends(node, blobs):
+def test_oversized_blobs_are_refused_on_both_ends(node, blob_port, blobs):
     big = np.zeros((LIMIT_MB << 18) + 1, np.float32)  # 4 bytes over the node's limit
     before = stored_files(node)
     with pytest.raises(BlobError, match="exceeds"):
         blobs.put_array(big)  # refused by the client before sending
-    unlimited = BlobClient(f"{node.url}/blobs", 1 << 30)
+    unlimited = BlobClient(f"http://127.0.0.1:{blob_port}/blobs", 1 << 30)
     with pytest.raises(BlobError, match="413"):
         unlimited.put_array(big)  # refused by the node from Content-Length
-    small = BlobClient(f"{node.url}/blobs", 1000)
+    small = BlobClient(f"http://127.0.0.1:{blob_port}/blobs", 1000)
     id_ = unlimited.put_array(np.ones(400, np.float32))
     with pytest.raises(BlobError, match="exceeds the 1000-byte limit"):
         small.get(id_)  # the announced size is over this client's limit: nothing read
@@ -70,10 +90,10 @@ def test_oversized_blobs_are_refused_on_both_ends(node, blobs):
         encode_array(ones)).hexdigest()}  # no temp files left
 
 
-def test_forged_truncated_and_corrupt_blobs(node, blobs):
+def test_forged_truncated_and_corrupt_blobs(node, blob_port, blobs):
     data = encode_array(np.arange(12, dtype=np.float32).reshape(3, 4))
     before = stored_files(node)
-    conn = http.client.HTTPConnection("127.0.0.1", node.port)
+    conn = http.client.HTTPConnection("127.0.0.1", blob_port)
 
     def put(id_hex: str, body: bytes) -> tuple[int, bytes]:
         conn.request("PUT", f"/blobs/0x{id_hex}", body)
@@ -117,7 +137,7 @@ def test_batched_uploads_round_trip_and_match_single_puts(node, blobs):
     assert not [f for f in stored_files(node) if f.startswith(".tmp")]
 
 
-def test_batch_with_forged_truncated_or_oversized_blobs(node):
+def test_batch_with_forged_truncated_or_oversized_blobs(node, blob_port):
     """Each blob of a batch is checked against the id that follows it: a forged one is
     refused by index while the others are stored; a truncated or oversized batch stores
     nothing and leaves no temp file."""
@@ -128,7 +148,7 @@ def test_batch_with_forged_truncated_or_oversized_blobs(node):
         return len(blob).to_bytes(8, "little") + blob + id_
 
     def post(body: bytes, length: int | None = None) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", node.port)
+        conn = http.client.HTTPConnection("127.0.0.1", blob_port)
         conn.putrequest("POST", "/blobs/")
         conn.putheader("Content-Length", str(len(body) if length is None else length))
         conn.endheaders()
@@ -157,11 +177,11 @@ def test_batch_with_forged_truncated_or_oversized_blobs(node):
     assert stored_files(node) == before  # nothing stored, no temp file left
 
 
-def test_batched_uploads_reuse_their_connections(node):
+def test_batched_uploads_reuse_their_connections(blob_port):
     """put_arrays runs its requests on the client's own pool: repeated calls reuse the same
     keep-alive connections instead of opening (and holding) new ones (2 upload threads, and
     the hash threads' connections for their HEADs; a pool per call would open 2 per call)."""
-    client = BlobClient(f"{node.url}/blobs", LIMIT_MB << 20)
+    client = BlobClient(f"http://127.0.0.1:{blob_port}/blobs", LIMIT_MB << 20)
     arrays = [np.full((600, 600), k, np.float32) for k in range(4)]  # 1.4 MB: one request each
     for round_ in range(8):
         shifted = [a + round_ for a in arrays]
