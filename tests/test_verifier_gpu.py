@@ -187,29 +187,40 @@ def test_fused_residues_at_the_longest_dp4a_row():
     np.testing.assert_array_equal(cupy.asnumpy(out), _mod_p_reference(M, words.T))
 
 
+def _int8_product(rng, m, k, n):
+    A = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    B = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    return A, B, (A.astype(np.int64) @ B).astype(np.int32)
+
+
+INT8_BOUNDS = (128, 2**31, 128)  # max|B|, max|C|, max|A| of int8 A, B and an int32 C
+
+
 @pytest.mark.parametrize("n, rounds", [(1, 1), (20, 1), (21, 1), (4096, 1), (333, 4),
                                        (1000, 3), (8191, 2)])
 def test_keccak_on_the_device_derives_the_field_vectors(n, rounds):
-    """The device's words are SHAKE128's blocks bit for bit (hashlib, block by block), and
-    their low 61 bits are field_vectors, for many seeds (some longer than a block) and n
-    that are not multiples of a block's 21 words."""
+    """The words the check's first phase derives are SHAKE128's blocks bit for bit (hashlib,
+    block by block), and their low 61 bits are field_vectors, for many seeds (some longer
+    than a block) and n that are not multiples of a block's 21 words."""
     import hashlib
 
     from verifier import P, gpu_exact
     from verifier.rng import FIELD_BLOCK_DOMAIN, field_key, field_vectors
 
-    words = cupy.empty((rounds, n), np.uint64)
-    verdict = cupy.empty(3, np.int64)
+    A, B, C = _int8_product(np.random.default_rng(n), 3, 8, n)
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    plan = gpu_exact.plan_for(dA, dB, dC, rounds, INT8_BOUNDS, 8 * 2**14)
     for seed in (SEED, b"x", bytes(range(256)) * 2, n.to_bytes(32, "big")):
-        gpu_exact.derive_words(gpu_exact.device_vectors(seed, n, rounds), words, verdict)
-        got = cupy.asnumpy(words)
         key = field_key(seed, n, rounds)
+        verdict = gpu_exact.launch(plan, dA, dB, dC, key)
+        cupy.cuda.get_current_stream().synchronize()
+        assert verdict.tolist() == [0, 2**63 - 1, 0]  # the true product passes
+        got = cupy.asnumpy(plan.ws.words)
         raw = b"".join(hashlib.shake_128(FIELD_BLOCK_DOMAIN + key + b.to_bytes(8, "big"))
                        .digest(168) for b in range(-(-n * rounds // 21)))
         np.testing.assert_array_equal(got.ravel(), np.frombuffer(raw, "<u8")[: n * rounds])
         R = field_vectors(seed, n, rounds)
         np.testing.assert_array_equal((got & np.uint64(P)).T, R.astype(np.uint64))
-        assert cupy.asnumpy(verdict).tolist() == [0, 2**63 - 1, 0]  # reset by the launch
 
 
 def test_a_rejected_word_is_flagged_by_the_residue_kernels():
@@ -218,23 +229,87 @@ def test_a_rejected_word_is_flagged_by_the_residue_kernels():
     from verifier import P, gpu_exact
 
     rng = np.random.default_rng(11)
-    A = rng.integers(-128, 128, (40, 64), dtype=np.int8)
-    B = rng.integers(-128, 128, (64, 48), dtype=np.int8)
-    C = (A.astype(np.int64) @ B).astype(np.int32)
+    A, B, C = _int8_product(rng, 40, 64, 48)
     dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    plan = gpu_exact.plan_for(dA, dB, dC, 1, INT8_BOUNDS, 64 * 2**14)
     words = rng.integers(0, P, (1, 48), dtype=np.uint64)
-    bounds = (128, 2**31, 128)
-    verdict = gpu_exact.launch(dA, dB, dC, cupy.asarray(words), 1, bounds, 64 * 2**14)
-    assert cupy.asnumpy(verdict).tolist() == [0, 2**63 - 1, 0]
+
+    def verdict(words):
+        found = gpu_exact.launch(plan, dA, dB, dC, words=cupy.asarray(words))
+        cupy.cuda.get_current_stream().synchronize()
+        return found.tolist()
+
+    assert verdict(words) == [0, 2**63 - 1, 0]
     for value in (P, P | (7 << 61)):
         rejected = words.copy()
         rejected[0, 47] = value
-        verdict = gpu_exact.launch(dA, dB, dC, cupy.asarray(rejected), 1, bounds, 64 * 2**14)
-        assert int(verdict[2]) == 1
+        assert verdict(rejected)[2] == 1
+        assert verdict(words) == [0, 2**63 - 1, 0]  # reset by the next launch
     flags = cupy.zeros(3, np.int64)  # C's pass alone (int32 rows) flags it too
     gpu_exact.residues(dC, cupy.asarray(rejected), 1, 48, 1, 2**31, None,
                        cupy.empty((40, 1), np.uint64), flags)
     assert int(flags[2]) == 1
+
+
+def test_more_row_blocks_than_resident_blocks_and_back_to_back_checks():
+    """Each resident block takes many blocks of rows in turn (C has 3125 blocks of 32 rows),
+    the grid's barriers and counters are reused by launch after launch: wrong rows anywhere,
+    including the last, are counted and the first is found, as on the host."""
+    from verifier import gpu_exact
+
+    rng = np.random.default_rng(12)
+    A, B, C = _int8_product(rng, 100_000, 64, 64)
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    plan = gpu_exact.plan_for(dA, dB, dC, 1, INT8_BOUNDS, 64 * 2**14)
+    assert plan.grid < 3125
+    wrong = C.copy()
+    wrong[[99_999, 31, 50_000], [63, 0, 17]] += [1, -5, 2**20]
+    dW = cupy.asarray(wrong)
+    for i in range(6):
+        seed = i.to_bytes(4, "big")
+        assert gpu_exact.check(plan, dA, dB, dC, seed) == (0, 0)
+        assert gpu_exact.check(plan, dA, dB, dW, seed) == (3, 31)
+    assert verify(A, B, wrong, precision="exact", seed=SEED) == verify(
+        dA, dB, dW, precision="exact", seed=SEED)
+
+
+def test_repeated_device_checks_take_the_remembered_plan_with_the_same_verdicts():
+    """A second verify() of the same kind of device inputs skips the input checks it did the
+    first time: verdicts stay the host's, other kinds (strides, alignment, dtype, rounds)
+    are not mistaken for it, and bad arguments still get their errors."""
+    from verifier import batch
+
+    rng = np.random.default_rng(13)
+    A, B, C = _int8_product(rng, 96, 128, 64)
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    first = verify(dA, dB, dC, precision="exact", seed=SEED)
+    assert first.passed and batch._device_key(dA, dB, dC, None) in batch._DEVICE_EXACT
+    wrong = C.copy()
+    wrong[77, 5] += 1
+    for seed in (SEED, b"again", None):
+        assert verify(dA, dB, dC, precision="exact", seed=seed) == first
+        on_gpu = verify(dA, dB, cupy.asarray(wrong), precision="exact", seed=seed)
+        assert not on_gpu.passed and on_gpu.reason == "1 rows differ mod p, first row 77"
+    assert verify(dA, dB, cupy.asarray(wrong), precision="exact", seed=SEED) == verify(
+        A, B, wrong, precision="exact", seed=SEED)
+    flat = cupy.zeros(C.size + 1, np.int32)  # same shape and dtype, 4 bytes off
+    shifted = flat[1:].reshape(C.shape)
+    shifted[...] = cupy.asarray(wrong)
+    transposed = cupy.asarray(wrong.T.copy()).T  # same shape, column-major
+    for other in (shifted, transposed, cupy.asarray(wrong.astype(np.int64))):
+        assert verify(dA, dB, other, precision="exact", seed=SEED).reason.endswith("row 77")
+    assert not verify(dA, dB, cupy.asarray(wrong), precision="exact", rounds=2).passed
+    with pytest.raises(TypeError, match="rounds must be an int"):
+        verify(dA, dB, dC, precision="exact", rounds=True)
+    with pytest.raises(TypeError, match="seed must be bytes"):
+        verify(dA, dB, dC, precision="exact", seed="text")
+    with pytest.raises(ValueError, match="seed must not be empty"):
+        verify(dA, dB, dC, precision="exact", seed=b"")
+    with pytest.raises(TypeError, match="exact mode takes integer"):
+        verify(dA, dB, dC.astype(np.float32), precision="exact")
+    with pytest.raises(ValueError, match="C has shape"):
+        verify(dA, dB, dC[:, :63], precision="exact")
+    assert dC.dtype == np.int32 and (cupy.asnumpy(dC) == C).all()  # inputs untouched
 
 
 @pytest.mark.parametrize("rounds", [1, 2, 4, 5])

@@ -1,7 +1,12 @@
-"""Exact mode on a GPU in three kernel launches and one 24-byte copy back: the vectors; B R and
-C R (one launch); A (B R). Products are reduced mod p = 2^61 - 1 inside the kernels, straight
-from the int8/int32 data (no converted copy, no limb arrays); the last launch compares
-A (B R) with C R and counts the rows that differ on the device.
+"""Exact mode on a GPU in one kernel launch, the verdict written straight to pinned host
+memory: the vectors; B R and C R; A (B R) compared with C R, the rows that differ counted on
+the device. Products are reduced mod p = 2^61 - 1 inside the kernel, straight from the
+int8/int32 data (no converted copy, no limb arrays).
+
+The launch is cooperative (every block resident at once), so its phases meet at grid-wide
+barriers instead of kernel boundaries; each block takes the phases' blocks of rows in turn.
+The host's part of a check is the 32-byte key (one hashlib call), a few assignments into a
+ctypes argument block kept per shape, one driver call and one wait: no copy either way.
 
 A row of M times a vector v with entries in [0, p) is summed in integers that cannot
 overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share of the row.
@@ -15,16 +20,17 @@ overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share o
 Each lane turns its limb sums into one residue (sum_t (S_t mod p) 2^(w t), a shift being a
 61-bit rotation mod p) and the warp adds the 32 residues mod p.
 
-The vectors never travel: a first launch derives the words of stream v3 (rng.field_vectors)
-from the 32-byte key, one Keccak-f[1600] permutation per warp, and the kernels keep their
-low 61 bits. That is field_vectors itself unless a word's low 61 bits are all ones (rejected
-there, probability 2^-61 per word): the residue kernels flag such a word in the verdict, and
+The vectors never travel: the first phase derives the words of stream v3
+(rng.field_vectors) from the key, one Keccak-f[1600] permutation per warp, and the passes
+keep their low 61 bits. That is field_vectors itself unless a word's low 61 bits are all ones
+(rejected there, probability 2^-61 per word): the passes flag such a word in the verdict, and
 the check is then re-run with the host's derivation.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -57,12 +63,9 @@ C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short",
            "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
            "int64": "long long"}
 REGISTER_TYPES = {"uint32": "unsigned int", "int64": "long long"}  # else int
-WORDS_THREADS = 128  # Keccak threads per block: 4 warps, one stream block each
-VERDICT_RESET = np.array([0, 2**63 - 1, 0], np.int64)
 _WORKSPACE_IN_USE = threading.Lock()  # one check at a time per workspace (host threads)
 
-WORDS_SOURCE = r"""
-typedef unsigned long long u64;
+KECCAK = r"""
 #define FULL 0xffffffffu
 
 // Keccak-f[1600] (FIPS 202) by one warp: lane l < 25 holds state lane l = x + 5 y. Rho and
@@ -92,20 +95,13 @@ __device__ __forceinline__ u64 big_endian(u64 v) {  // the lane whose bytes are 
            | __byte_perm((unsigned int)(v >> 32), 0, 0x0123);
 }
 
-// Words 0 .. count - 1 of a field vector (stream v3, verifier/rng.py), one warp per block of
-// BLOCK_WORDS words: block b = SHAKE128(FIELD_BLOCK_DOMAIN || key || b as 8 bytes
-// big-endian), one permutation of the padded 64-byte input. Thread 0 also resets the verdict.
-extern "C" __global__ void field_words(u64 key0, u64 key1, u64 key2, u64 key3,
-                                       u64* __restrict__ words, long long count,
-                                       long long* __restrict__ verdict) {
+// Block b of a field vector (stream v3, verifier/rng.py), words b * BLOCK_WORDS .. below
+// count, by one whole warp: SHAKE128(FIELD_BLOCK_DOMAIN || key || b as 8 bytes big-endian),
+// one permutation of the padded 64-byte input.
+__device__ __forceinline__ void field_block(u64 key0, u64 key1, u64 key2, u64 key3,
+                                            long long b, u64* __restrict__ words,
+                                            long long count) {
     const int l = threadIdx.x & 31, x = l % 5, y = l / 5;
-    const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (b == 0 && l == 0) {
-        verdict[0] = 0;
-        verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
-        verdict[2] = 0;
-    }
-    if (b * BLOCK_WORDS >= count) return;  // whole warps: b is the same in all 32 lanes
     // the padded input: domain (lanes 0-2), key (3-6), b (7), SHAKE's 0x1F .. 0x80 (8, 20)
     u64 a = l == 0 ? DOMAIN0 : l == 1 ? DOMAIN1 : l == 2 ? DOMAIN2 : l == 3 ? key0
           : l == 4 ? key1 : l == 5 ? key2 : l == 6 ? key3 : l == 7 ? big_endian((u64)b)
@@ -144,9 +140,6 @@ __device__ __forceinline__ u64 add_mod(u64 a, u64 b) {
 __device__ __forceinline__ u64 rotate(u64 y, int s) {  // y 2^s mod p, y in [0, p), s in [0, 61)
     return s == 0 ? y : (((y << s) & PRIME) | (y >> (61 - s)));
 }
-
-// Keccak-f[1600] (FIPS 202): 24 rounds of theta, rho, pi, chi, iota on 25 64-bit lanes
-// (lane x + 5 y); the tables walk rho and pi along the lane cycle that starts at lane 1.
 """
 
 # One pass over the rows of a matrix, configured by the VX_ constants; pass_source renames
@@ -328,18 +321,74 @@ residues(const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, lo
 }
 """
 
-# B R mod p in the first blocks_b blocks, C R mod p (C checked against limit) in the rest.
-PAIR = r"""
-extern "C" __global__ void __launch_bounds__(VB_THREADS)
-residue_pair(const VB_T* __restrict__ B, u64* __restrict__ X, long long rows_b,
-             const VC_T* __restrict__ C, u64* __restrict__ Z, long long rows_c,
-             const u64* __restrict__ V, long long vq, long long cols, long long limit,
-             long long* __restrict__ verdict, long long blocks_b) {
-    __shared__ __align__(16) unsigned int tile[PAIR_TILE];
-    if (blockIdx.x < blocks_b)
-        VB_PASS(B, V, 1, vq, X, X, verdict, rows_b, cols, 0, 0, tile, blockIdx.x);
-    else
-        VC_PASS(C, V, 1, vq, Z, Z, verdict, rows_c, cols, limit, 0, tile, blockIdx.x - blocks_b);
+# The whole check in one launch of resident blocks (a cooperative launch, so all of them are
+# resident and may wait for each other): the vectors, a grid-wide barrier, B's and C's
+# passes, a barrier, A's pass with the comparison; the last block to finish copies the
+# verdict to host memory. Every argument is 8 bytes (check's ctypes argument block).
+FUSED = r"""
+// Every block of the grid waits here until all have arrived: barrier[0] counts arrivals,
+// barrier[1] is the generation the last one to arrive moves on. Block-wide writes before it
+// are visible grid-wide after it (each block's fence after its __syncthreads).
+__device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned int* generation = barrier + 1;
+        const unsigned int seen = *generation;
+        __threadfence();
+        if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
+            atomicExch(barrier, 0u);
+            __threadfence();
+            atomicAdd(barrier + 1, 1u);
+        } else {
+            while (*generation == seen) asm volatile("nanosleep.u32 32;");
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// derive: words = the first n * rounds words of stream v3 from the key (else words holds
+// them already). X (k, rounds) = B R mod p, Z (m, rounds) = C R mod p; verdict (device) and
+// host_verdict (pinned host memory): rows where A X != Z, the first such row, whether a word
+// was p.
+extern "C" __global__ void __launch_bounds__(CHECK_THREADS)
+check(const VA_T* __restrict__ A, const VB_T* __restrict__ B, const VC_T* __restrict__ C,
+      u64 key0, u64 key1, u64 key2, u64 key3, long long derive, u64* words, u64* X, u64* Z,
+      long long* verdict, unsigned int* barrier, long long* host_verdict, long long m,
+      long long k, long long n, long long rounds, long long limit, long long blocks_b,
+      long long blocks_c, long long blocks_a) {
+    __shared__ __align__(16) unsigned int tile[CHECK_TILE];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        verdict[0] = 0;
+        verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
+        verdict[2] = 0;
+    }
+    if (derive) {  // one stream block per warp at a time; the loop is the same in all lanes
+        const long long count = n * rounds, warps = (long long)gridDim.x * (blockDim.x >> 5);
+        for (long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+             b * BLOCK_WORDS < count; b += warps)
+            field_block(key0, key1, key2, key3, b, words, count);
+    }
+    grid_barrier(barrier);
+    for (long long v = blockIdx.x; v < blocks_b + blocks_c; v += gridDim.x) {
+        if (v < blocks_b) VB_PASS(B, words, 1, n, X, X, verdict, k, n, 0, 0, tile, v);
+        else VC_PASS(C, words, 1, n, Z, Z, verdict, m, n, limit, 0, tile, v - blocks_b);
+    }
+    grid_barrier(barrier);
+    for (long long v = blockIdx.x; v < blocks_a; v += gridDim.x)
+        VA_PASS(A, X, rounds, 1, Z, Z, verdict, m, k, 0, 1, tile, v);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(barrier + 2, 1u) == gridDim.x - 1) {  // the last block: all counted
+            barrier[2] = 0;
+            const volatile long long* result = verdict;
+            host_verdict[0] = result[0];
+            host_verdict[1] = result[1];
+            host_verdict[2] = result[2];
+            __threadfence_system();
+        }
+    }
 }
 """
 
@@ -433,15 +482,19 @@ def _single_kernel(one: Pass):
 
 
 @lru_cache(maxsize=64)
-def _pair_kernel(b: Pass, c: Pass):
-    """B's and C's passes in one kernel: each pass's constants renamed VB_ and VC_."""
+def _fused_kernel(a: Pass, b: Pass, c: Pass):
+    """The check's one kernel: each pass's constants renamed VA_, VB_ and VC_."""
     import cupy
 
-    source = COMMON + BODY.replace("VX_", "VB_") + BODY.replace("VX_", "VC_") + PAIR
-    options = (*(o.replace("-DVX_", "-DVB_") for o in b.options),
-               *(o.replace("-DVX_", "-DVC_") for o in c.options),
-               f"-DPAIR_TILE={max(b.tile, c.tile)}")
-    return cupy.RawKernel(source, "residue_pair", options=options)
+    domain = [int.from_bytes(FIELD_BLOCK_DOMAIN[i : i + 8], "little") for i in (0, 8, 16)]
+    source = (COMMON + KECCAK + "".join(BODY.replace("VX_", f"V{x}_") for x in "ABC")
+              + FUSED)
+    options = (*(o.replace("-DVX_", f"-DV{x}_") for x, one in zip("ABC", (a, b, c), strict=True)
+                 for o in one.options),
+               f"-DCHECK_TILE={max(a.tile, b.tile, c.tile)}", f"-DCHECK_THREADS={a.threads}",
+               *(f"-DDOMAIN{i}={lane:#x}ULL" for i, lane in enumerate(domain)),
+               f"-DBLOCK_WORDS={BLOCK_WORDS}")
+    return cupy.RawKernel(source, "check", options=options)
 
 
 def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None, out,
@@ -456,133 +509,136 @@ def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None,
                          np.int64(cols), np.int64(limit or 0), np.int32(compare)))
 
 
-class Vectors(NamedTuple):
-    """What the device derives a check's field vectors from: field_key's 32 bytes as four
-    little-endian 64-bit lanes (kernel arguments), and seed, n, rounds for the host."""
-
-    seed: bytes
-    n: int
-    rounds: int
-    key: tuple
-
-
-def device_vectors(seed: bytes, n: int, rounds: int) -> Vectors:
-    """The vectors of field_vectors(seed, n, rounds), to be derived on the device by the
-    check itself (one hashlib call here: the key)."""
-    return Vectors(seed, n, rounds, tuple(np.frombuffer(field_key(seed, n, rounds), "<u8")))
-
-
-@cache
-def _words_kernel():
-    import cupy
-
-    domain = [int.from_bytes(FIELD_BLOCK_DOMAIN[i : i + 8], "little") for i in (0, 8, 16)]
-    options = (*(f"-DDOMAIN{i}={lane:#x}ULL" for i, lane in enumerate(domain)),
-               f"-DBLOCK_WORDS={BLOCK_WORDS}")
-    return cupy.RawKernel(WORDS_SOURCE, "field_words", options=options)
-
-
-def derive_words(vectors: Vectors, words, verdict) -> None:
-    """One launch on the current stream: words (rounds, n) uint64 = the first n * rounds words
-    of stream v3 (their low 61 bits are field_vectors(...).T unless one is p, which the
-    residue kernels report in verdict[2]); verdict reset. One warp per stream block."""
-    count = vectors.n * vectors.rounds
-    threads = 32 * -(-count // BLOCK_WORDS)
-    _words_kernel()((-(-threads // WORDS_THREADS),), (WORDS_THREADS,),
-                    (*vectors.key, words, np.int64(count), verdict))
-
-
 class Workspace(NamedTuple):
-    """Device buffers of one shape, kept between calls."""
+    """Device buffers of one shape, kept between calls, and the verdict's host memory."""
 
     words: object  # (rounds, n) uint64: the vectors' stream words
     X: object  # (k, rounds) uint64: B R mod p
     Z: object  # (m, rounds) uint64: C R mod p
     verdict: object  # (3,) int64: rows that differ, the first of them, a word was rejected
+    barrier: object  # (3,) uint32, zero between launches: the grid barrier's and the last
+    # block's counters
+    pinned: object  # 24 bytes of pinned host memory the kernel writes the verdict to
+    host_verdict: np.ndarray  # (3,) int64 view of pinned
 
 
 @lru_cache(maxsize=8)
 def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     import cupy
 
+    pinned = cupy.cuda.alloc_pinned_memory(24)
     return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
-                     cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64))
+                     cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
+                     cupy.zeros(3, np.uint32), pinned, np.frombuffer(pinned, np.int64, 3))
+
+
+ARGUMENTS = 22  # the kernel's, 8 bytes each
+KEY_ARGUMENT, DERIVE_ARGUMENT, WORDS_ARGUMENT = 3, 7, 8
 
 
 class Plan(NamedTuple):
-    """Everything of a check that depends only on shapes, types, alignments and bounds:
-    the kernels, their launch shapes and their scalar arguments, and the workspace."""
+    """Everything of a check that depends only on shapes, types, alignments and bounds: the
+    kernel, its grid, its arguments (all but A, B, C, the key and the words filled in) and
+    the workspace. Launched through the driver with these arguments, a check costs the host
+    a few assignments and one call."""
 
     ws: Workspace
-    pair: object
-    pair_grid: tuple[int]
-    pair_block: tuple[int]
-    pair_scalars: tuple  # rows_b, rows_c, vq, cols, limit, blocks_b
-    a: object
-    a_grid: tuple[int]
-    a_block: tuple[int]
-    a_scalars: tuple  # vj, vq, rows, cols, limit, compare
+    n: int
+    rounds: int
+    function: int  # the CUfunction
+    grid: int  # blocks, all resident at once
+    threads: int
+    arguments: object  # ctypes array of ARGUMENTS uint64
+    parameters: object  # ctypes array of pointers to them (cuLaunchCooperativeKernel's)
+
+
+def _resident_blocks(kernel, threads: int, device: int) -> int:
+    """Blocks of kernel that fit on the device at once (occupancy API, all SMs)."""
+    import cupy
+
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
+                                                                        threads, 0)
+    sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+    return per_sm * sms
 
 
 @lru_cache(maxsize=16)
-def _plan(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
-          bounds: tuple[int, int, int], product_bound: int, device: int) -> Plan:
-    (m, k), (_, n) = shapes[0], shapes[1]
+def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
+            bounds: tuple[int, int, int], product_bound: int, device: int) -> Plan:
+    """The plan of a check of A (m, k) @ B (k, n) against C: shapes (A's, B's), dtypes and
+    alignments (_alignment) of A, B, C, bounds max|B|, max|C|, max|A|."""
+    (m, k), (_, n) = shapes
     (dtype_a, dtype_b, dtype_c), (align_a, align_b, align_c) = dtypes, alignments
     bound_b, bound_c, bound_a = bounds
     check_c = product_bound < bound_c
     b = _pass(dtype_b, k, n, align_b, rounds, bound_b, False)
     c = _pass(dtype_c, m, n, align_c, rounds, min(bound_c, product_bound), check_c)
     a = _pass(dtype_a, m, k, align_a, rounds, bound_a, False)
-    assert b.threads == c.threads  # LAUNCH: one block size for both passes
-    i64 = np.int64
-    return Plan(_workspace(m, k, n, rounds, device),
-                _pair_kernel(b, c), (b.blocks + c.blocks,), (b.threads,),
-                (i64(k), i64(m), i64(n), i64(n), i64(product_bound if check_c else 0),
-                 i64(b.blocks)),
-                _single_kernel(a), (a.blocks,), (a.threads,),
-                (i64(rounds), i64(1), i64(m), i64(k), i64(0), np.int32(1)))
+    assert a.threads == b.threads == c.threads  # LAUNCH: one block size for every pass
+    kernel = _fused_kernel(a, b, c)
+    keccak_blocks = -(-32 * -(-n * rounds // BLOCK_WORDS) // a.threads)
+    grid = min(_resident_blocks(kernel, a.threads, device),
+               max(b.blocks + c.blocks, a.blocks, keccak_blocks))
+    ws = _workspace(m, k, n, rounds, device)
+    arguments = (ctypes.c_uint64 * ARGUMENTS)()
+    for i, value in enumerate((ws.words.data.ptr, ws.X.data.ptr, ws.Z.data.ptr,
+                               ws.verdict.data.ptr, ws.barrier.data.ptr, ws.pinned.ptr, m, k,
+                               n, rounds, product_bound if check_c else 0, b.blocks, c.blocks,
+                               a.blocks), start=WORDS_ARGUMENT):
+        arguments[i] = value
+    start = ctypes.addressof(arguments)
+    parameters = (ctypes.c_void_p * ARGUMENTS)(*(start + 8 * i for i in range(ARGUMENTS)))
+    return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters)
 
 
-def launch(A, B, C, vectors, rounds: int, bounds: tuple[int, int, int], product_bound: int):
-    """Enqueue the check on the current stream: the vectors, B's and C's passes in one launch,
-    then A's with the comparison; returns the device verdict (rows that differ, the first
-    such row, whether a word was rejected). vectors: a Vectors, derived by the first launch,
-    or (rounds, n) C-contiguous words already on the device."""
+def plan_for(A, B, C, rounds: int, bounds: tuple[int, int, int], product_bound: int) -> Plan:
+    """prepare() for these matrices on the current device."""
     import cupy
 
-    plan = _plan((A.shape, B.shape), (A.dtype, B.dtype, C.dtype),
-                 (_alignment(A), _alignment(B), _alignment(C)), rounds, bounds, product_bound,
-                 cupy.cuda.runtime.getDevice())
-    ws = plan.ws
-    if isinstance(vectors, Vectors):
-        derive_words(vectors, ws.words, ws.verdict)
-        words = ws.words
+    return prepare((A.shape, B.shape), (A.dtype, B.dtype, C.dtype),
+                   (_alignment(A), _alignment(B), _alignment(C)), rounds, bounds,
+                   product_bound, cupy.cuda.runtime.getDevice())
+
+
+def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None) -> np.ndarray:
+    """Enqueue the check on the current stream: vectors derived from key (field_key's 32
+    bytes), or the (rounds, n) C-contiguous device words given. Returns plan's host verdict
+    (rows that differ, the first such row, whether a word was rejected), written by the
+    kernel: read it once the stream has synchronised."""
+    import cupy
+
+    arguments = plan.arguments
+    arguments[0], arguments[1], arguments[2] = A.data.ptr, B.data.ptr, C.data.ptr
+    if key is None:
+        arguments[DERIVE_ARGUMENT], arguments[WORDS_ARGUMENT] = 0, words.data.ptr
     else:
-        ws.verdict.set(VERDICT_RESET)
-        words = vectors
-    rows_b, rows_c, vq, cols, limit, blocks_b = plan.pair_scalars
-    plan.pair(plan.pair_grid, plan.pair_block,
-              (B, ws.X, rows_b, C, ws.Z, rows_c, words, vq, cols, limit, ws.verdict, blocks_b))
-    plan.a(plan.a_grid, plan.a_block, (A, ws.X, *plan.a_scalars[:2], ws.Z, ws.Z, ws.verdict,
-                                       *plan.a_scalars[2:]))
-    return ws.verdict
+        ctypes.memmove(ctypes.addressof(arguments) + 8 * KEY_ARGUMENT, key, 32)
+        arguments[DERIVE_ARGUMENT] = 1
+        arguments[WORDS_ARGUMENT] = plan.ws.words.data.ptr
+    cupy.cuda.driver.launchCooperativeKernel(
+        plan.function, plan.grid, 1, 1, plan.threads, 1, 1, 0,
+        cupy.cuda.get_current_stream().ptr, ctypes.addressof(plan.parameters))
+    return plan.ws.host_verdict
 
 
-def check(A, B, C, vectors: Vectors, rounds: int, bounds: tuple[int, int, int],
-          product_bound: int) -> tuple[int, int]:
-    """(rows where A (B R) != C R mod p or C holds an entry above product_bound, the first
-    such row) for 2-D device matrices that supported() accepts. vectors: device_vectors(seed,
-    n, rounds). bounds: max|B|, max|C|, max|A| as known from the dtypes or the data."""
+def check(plan: Plan, A, B, C, seed: bytes) -> tuple[int, int]:
+    """(rows where A (B R) != C R mod p or C holds an entry above the plan's product bound,
+    the first such row) for 2-D device matrices that supported() accepts, R =
+    field_vectors(seed, n, rounds)."""
     import cupy
 
+    stream = cupy.cuda.get_current_stream()
     with _WORKSPACE_IN_USE:
-        wrong, first, rejected = launch(A, B, C, vectors, rounds, bounds, product_bound).get()
+        verdict = launch(plan, A, B, C, field_key(seed, plan.n, plan.rounds))
+        stream.synchronize()
+        wrong, first, rejected = verdict.tolist()
         if rejected:  # a word is p (2^-61 each): the host's derivation skips it
-            R = field_vectors(vectors.seed, vectors.n, vectors.rounds)
+            R = field_vectors(seed, plan.n, plan.rounds)
             words = cupy.asarray(np.ascontiguousarray(R.T, dtype=np.uint64))
-            wrong, first, _ = launch(A, B, C, words, rounds, bounds, product_bound).get()
-    return int(wrong), (int(first) if wrong else 0)
+            verdict = launch(plan, A, B, C, words=words)
+            stream.synchronize()
+            wrong, first, _ = verdict.tolist()
+    return wrong, (first if wrong else 0)
 
 
 assert P == (1 << 61) - 1  # the kernel's PRIME
