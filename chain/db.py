@@ -15,12 +15,16 @@ import sqlite3
 import threading
 from os import PathLike
 
+import rlp
 from eth.abc import BlockAPI, BlockHeaderAPI
 from eth.constants import GENESIS_PARENT_HASH
 from eth.db.backends.base import BaseDB
-from eth.db.chain import ChainDB
+from eth.db.chain import BlockDataKey, ChainDB
+from eth.db.schema import SchemaV1
+from eth.rlp.sedes import chain_gaps
 from eth_typing import Hash32
 from lru import LRU
+from rlp.sedes import big_endian_int, binary
 
 _DELETED = None
 CACHE_ENTRIES = 1 << 17  # trie nodes are ~100-600 bytes: tens of MB at most
@@ -111,12 +115,21 @@ class SqliteDB(BaseDB):
             self._conn.close()
 
 
-class HeaderCachingChainDB(ChainDB):
-    """py-evm's ``ChainDB`` keeping the headers it stored or read lately, decoded: each new
-    block reads its parent's header twice in validation, and BLOCKHASH and the RPC read
-    recent ones (py-evm's own cache is keyed by the header's RLP, so a header the node just
-    stored is decoded again). Headers are immutable and addressed by their hash; one is
-    served while the database holds it (not after the write of its block was discarded)."""
+class NodeChainDB(ChainDB):
+    """py-evm's ``ChainDB`` with two shortcuts for a node that mostly extends its own head.
+
+    Headers it stored or read lately are kept decoded: each new block reads its parent's
+    header twice in validation, and BLOCKHASH and the RPC read recent ones (py-evm's own
+    cache is keyed by the header's RLP, so a header the node just stored was decoded again).
+    Headers are immutable and addressed by their hash; one is served while the database
+    holds it (not after the write of its block was discarded).
+
+    A block that extends the canonical head of a chain with no gaps, without uncles or
+    withdrawals (every block this node seals), is stored by writing py-evm's keys directly:
+    the header, its score, the canonical number and head, both gap markers, the
+    transactions' lookups. py-evm reached the same writes through ~0.3 ms of reads, decodes
+    and checks per block; anything else goes through py-evm (tests/test_chain_core.py
+    compares the databases both ways produce)."""
 
     def __init__(self, db) -> None:
         super().__init__(db)
@@ -130,6 +143,42 @@ class HeaderCachingChainDB(ChainDB):
 
     def persist_block(self, block: BlockAPI, genesis_parent_hash: Hash32 = GENESIS_PARENT_HASH
                       ) -> tuple[tuple[Hash32, ...], tuple[Hash32, ...]]:
-        persisted = super().persist_block(block, genesis_parent_hash)
-        self._headers[block.hash] = block.header
+        header = block.header
+        if header.block_number and not block.uncles and not block.withdrawals and \
+                self.db.get(CANONICAL_HEAD) == header.parent_hash and \
+                self.db.get(HEADER_GAPS) == self.db.get(CHAIN_GAPS) == \
+                _no_gaps_below(header.block_number):
+            persisted = self._extend_head(block)
+        else:
+            persisted = super().persist_block(block, genesis_parent_hash)
+        self._headers[block.hash] = header
         return persisted
+
+    def _extend_head(self, block: BlockAPI) -> tuple[tuple[Hash32, ...], tuple[Hash32, ...]]:
+        """py-evm's writes for a new canonical head whose parent is the current one."""
+        header, number = block.header, block.header.block_number
+        parent_score = rlp.decode(self.db[SchemaV1.make_block_hash_to_score_lookup_key(
+            header.parent_hash)], sedes=big_endian_int)
+        score = parent_score + (header.difficulty or number)  # py-evm's PoS score
+        with self.db.atomic_batch() as batch:
+            batch[header.hash] = rlp.encode(header)
+            batch[SchemaV1.make_block_hash_to_score_lookup_key(header.hash)] = rlp.encode(
+                score, sedes=big_endian_int)
+            batch[HEADER_GAPS] = batch[CHAIN_GAPS] = _no_gaps_below(number + 1)
+            batch[SchemaV1.make_block_number_to_hash_lookup_key(number)] = rlp.encode(
+                header.hash, sedes=binary)
+            batch[CANONICAL_HEAD] = header.hash
+            for index, transaction in enumerate(block.transactions):
+                batch[SchemaV1.make_transaction_hash_to_block_lookup_key(transaction.hash)] = \
+                    rlp.encode(BlockDataKey(number, index))
+        return (header.hash,), ()
+
+
+CANONICAL_HEAD = SchemaV1.make_canonical_head_hash_lookup_key()
+HEADER_GAPS = SchemaV1.make_header_chain_gaps_lookup_key()
+CHAIN_GAPS = SchemaV1.make_chain_gaps_lookup_key()
+
+
+def _no_gaps_below(number: int) -> bytes:
+    """py-evm's gap marker of a chain holding every block below ``number``."""
+    return rlp.encode(((), number), sedes=chain_gaps)

@@ -50,7 +50,7 @@ from rlp.sedes.serializable import BaseSerializable
 
 from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
-from chain.db import HeaderCachingChainDB
+from chain.db import NodeChainDB
 from chain.flatstate import FlatAccountDB
 from chain.interpreter import FastComputation
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
@@ -320,5 +320,5 @@ def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
     vm = type("PoUWVM", (PoUWFastVM if fast else PoUWVMBase,), {"_state_class": state})
     return Chain.configure(
         __name__="NeedleNetChain", vm_configuration=((0, vm),), chain_id=CHAIN_ID,
-        chaindb_class=HeaderCachingChainDB if fast else Chain.chaindb_class,
+        chaindb_class=NodeChainDB if fast else Chain.chaindb_class,
     )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import rlp
 from eth.db.atomic import AtomicDB
+from eth.db.backends.memory import MemoryDB
 from eth.db.chain import ChainDB
 from eth.exceptions import HeaderNotFound
 from eth_hash.auto import keccak
@@ -16,7 +17,7 @@ from web3 import Web3
 
 from chain.blobs import BlobStore, blob_id, decode_array, encode_array
 from chain.compile import compiled_market
-from chain.db import HeaderCachingChainDB, SqliteDB
+from chain.db import NodeChainDB, SqliteDB
 from chain.devnet import dev_accounts
 from chain.genesis import genesis_params, genesis_state
 from chain.node import Node, NodeConfig
@@ -140,31 +141,6 @@ def test_sqlite_db_cache_agrees_with_the_table(tmp_path, monkeypatch):
         {k: None for k in keys if {**flushed, **pending}.get(k) is None}
 
 
-def test_header_cache_serves_only_stored_headers(tmp_path):
-    """The fast path's ChainDB caches decoded headers: each equals a plain ChainDB's read of
-    the same database, and a block whose write was discarded is not found."""
-    node = Node(NodeConfig(tmp_path / "a", block_time=0))
-    try:
-        assert isinstance(node.chain.chaindb, HeaderCachingChainDB)
-        sealed = [node.seal() for _ in range(3)]
-        plain = ChainDB(node.chain.chaindb.db)
-        for block in sealed:
-            assert node.chain.chaindb.get_block_header_by_hash(block.hash) == \
-                plain.get_block_header_by_hash(block.hash) == block.header
-        parent = node.head()
-        vm = node.chain.get_vm(type(node.chain.get_vm()).child_header(
-            parent, parent.coinbase, parent.timestamp + 1))
-        orphan = vm.seal_block(vm.get_header(), [], [], b"")
-        node.chain.chaindb.persist_block(orphan)
-        assert node.chain.chaindb.get_block_header_by_hash(orphan.hash) == orphan.header
-        node.db.discard()
-        with pytest.raises(HeaderNotFound):
-            node.chain.chaindb.get_block_header_by_hash(orphan.hash)
-        assert node.seal().header.parent_hash == parent.hash
-    finally:
-        node.stop()
-
-
 # --- precompile verdicts -------------------------------------------------------------------
 def _store_arrays(store, *arrays):
     return [store.put(encode_array(a)) for a in arrays]
@@ -269,6 +245,52 @@ def _run_job(node: Node, correct: bool, precision: int = 1) -> int:
     node.seal()
     node.admit(worker.tx("finalize", 0))
     return node.seal().number
+
+
+def test_node_chaindb_writes_what_py_evm_writes(tmp_path):
+    """The fast path's ChainDB: the blocks of a job and empty ones, stored by its direct
+    writes for a new head, leave the same database as py-evm's persist_block (and a block off
+    the head, py-evm's path in both); its cached headers equal plain reads; a block whose
+    write was discarded is not found."""
+    node = Node(NodeConfig(tmp_path / "a", block_time=0))
+    try:
+        assert isinstance(node.chain.chaindb, NodeChainDB)
+        _run_job(node, correct=True)
+        node.seal()
+        sealed = [node.chain.get_canonical_block_by_number(n)
+                  for n in range(1, node.head().block_number + 1)]
+        assert sum(len(block.transactions) for block in sealed) >= 5 and not sealed[-1].transactions
+        head = sealed[-1].header
+        sibling = sealed[-1].copy(header=head.copy(timestamp=head.timestamp + 1))
+        stores = []
+        for chaindb_class in (ChainDB, NodeChainDB):
+            memory = MemoryDB()
+            build_chain_class(node.blobs, fast=False).from_genesis(
+                AtomicDB(memory), genesis_params(), genesis_state())
+            chaindb = chaindb_class(AtomicDB(memory))
+            for block in [*sealed, sibling]:
+                chaindb.persist_block(block)
+            assert chaindb.get_canonical_head() == head
+            stores.append(memory.kv_store)
+        assert stores[0] == stores[1]
+
+        plain = ChainDB(node.chain.chaindb.db)
+        for block in sealed:
+            assert node.chain.chaindb.get_block_header_by_hash(block.hash) == \
+                plain.get_block_header_by_hash(block.hash) == block.header
+            for index, transaction in enumerate(block.transactions):
+                assert plain.get_transaction_index(transaction.hash) == (block.number, index)
+        vm = node.chain.get_vm(type(node.chain.get_vm()).child_header(
+            head, head.coinbase, head.timestamp + 1))
+        orphan = vm.seal_block(vm.get_header(), [], [], b"")
+        node.chain.chaindb.persist_block(orphan)
+        assert node.chain.chaindb.get_block_header_by_hash(orphan.hash) == orphan.header
+        node.db.discard()
+        with pytest.raises(HeaderNotFound):
+            node.chain.chaindb.get_block_header_by_hash(orphan.hash)
+        assert node.seal().header.parent_hash == head.hash
+    finally:
+        node.stop()
 
 
 def test_next_base_fee_is_the_one_the_sealed_block_gets(tmp_path):
