@@ -366,10 +366,15 @@ def array_parts(array: np.ndarray) -> list:
 
 class BlobClient:
     """PUT and GET blobs at `base_url` (`http://host:port/blobs`); one keep-alive connection
-    per thread, so transfers from a thread pool run in parallel."""
+    per thread, so transfers from a thread pool run in parallel. If nothing listens at
+    `base_url` (the node's blob port not published or firewalled) and a `fallback_url` is
+    given (`/blobs` on the node's main port), the client moves there for good."""
 
-    def __init__(self, base_url: str, max_bytes: int, timeout: float = 60.0) -> None:
+    def __init__(self, base_url: str, max_bytes: int, timeout: float = 60.0,
+                 fallback_url: str | None = None) -> None:
         self.connections = Connections(base_url, timeout, blocksize=CHUNK)
+        self.fallback = None if fallback_url is None else Connections(
+            fallback_url, timeout, blocksize=CHUNK)
         self.max_bytes = max_bytes
         self._upload_pool: ThreadPoolExecutor | None = None
         self._hashers: ThreadPoolExecutor | None = None
@@ -379,9 +384,10 @@ class BlobClient:
                  ) -> http.client.HTTPResponse:
         """`parts` (`length` bytes in all) is iterated once per attempt: a keep-alive
         connection the server closed is retried with the whole body again."""
-        path = self.connections.prefix + (f"/0x{id_.hex()}" if id_ is not None else "/")
+        connections = self.connections
 
         def send(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
+            path = connections.prefix + (f"/0x{id_.hex()}" if id_ is not None else "/")
             conn.putrequest(method, path, skip_accept_encoding=True)
             if method in ("PUT", "POST"):
                 conn.putheader("Content-Length", str(length))
@@ -391,7 +397,13 @@ class BlobClient:
                 conn.send(part)
             return conn.getresponse()
 
-        return self.connections.request(send)
+        try:
+            return connections.request(send)
+        except ConnectionRefusedError:
+            if self.fallback is None or connections is self.fallback:
+                raise
+            self.connections = connections = self.fallback  # for every thread from now on
+            return connections.request(send)
 
     def _checked_size(self, parts: list) -> tuple[list[memoryview], int]:
         """A blob's buffers as byte views and its size, within the limit (checked before
@@ -544,3 +556,5 @@ class BlobClient:
             if pool is not None:
                 pool.shutdown(wait=True)
         self.connections.close()
+        if self.fallback is not None:
+            self.fallback.close()

@@ -339,3 +339,20 @@ def test_chain_up_blob_port_and_the_advertised_url(tmp_path):
                                  "--blob-port", str(port + 1)],
                                 capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and "Address already in use" in result.stderr + result.stdout
+
+
+def test_client_falls_back_when_nothing_listens_at_the_blob_url(listener):
+    """A blob port that is not reachable (not published, firewalled): with a fallback URL
+    the client moves there for good; without one the refusal is raised."""
+    closed = f"http://127.0.0.1:{free_port()}/blobs"
+    with pytest.raises(ConnectionRefusedError):
+        BlobClient(closed, LIMIT_MB << 20).has(b"\0" * 32)
+    client = BlobClient(closed, LIMIT_MB << 20,
+                        fallback_url=f"http://127.0.0.1:{listener.port}/blobs")
+    arrays = [np.arange(k, dtype=np.int64) for k in (3, 300_000)]  # batched, streamed
+    ids = client.put_arrays(arrays, threads=2)
+    assert client.connections is client.fallback
+    for id_, array in zip(ids, arrays, strict=True):
+        np.testing.assert_array_equal(client.get_array(id_), array)
+    client.close()
+    assert sorted(files(listener.store.directory)) == sorted(id_.hex() for id_ in ids)
