@@ -61,11 +61,11 @@ def test_signed_digits_rebuild_the_vector_within_their_bounds():
     V[:4, 0] = [0, 1, P - 1, (1 << 60)]
     for width in (8, 10, 15, 16, 31, 35, 60):
         digits = signed_digits(np, V, width)
-        assert digits.shape == (500, -(-61 // width), 3)
+        assert digits.shape == (-(-61 // width), 3, 500)
         assert np.abs(digits).max() <= 2 ** (width - 1)
-        weights = np.array([1 << (width * t) for t in range(digits.shape[1])], dtype=object)
-        rebuilt = (digits.astype(object) * weights[:, None]).sum(axis=1)
-        assert np.array_equal(rebuilt.astype(np.int64), V)
+        weights = np.array([1 << (width * t) for t in range(digits.shape[0])], dtype=object)
+        rebuilt = (digits.astype(object) * weights[:, None, None]).sum(axis=0)
+        assert np.array_equal(rebuilt.astype(np.int64), V.T)
 
 
 @pytest.mark.parametrize("limit", [1 << 53, 1 << 62])
