@@ -40,10 +40,10 @@ def magnitude(M, limit: int) -> int:
 
 def rotate(x, shift):
     """x * 2^shift mod p for x in [0, p) (int64) and shift in [0, 61), an int or an integer
-    array broadcasting against x: 2^61 = 1 mod p makes it a 61-bit rotation."""
-    u = x.astype(np.uint64)
-    s = shift.astype(np.uint64) if hasattr(shift, "astype") else np.uint64(shift)
-    return (((u << s) & np.uint64(P)) | (u >> (np.uint64(61) - s))).astype(np.int64)
+    array broadcasting against x: 2^61 = 1 mod p makes it a 61-bit rotation. In int64: the
+    bits that x << shift pushes past bit 63 are dropped either way, and x >> (61 - shift)
+    of x >= 0 shifts zeros in."""
+    return ((x << shift) & P) | (x >> (61 - shift))
 
 
 def add_mod(xp: ModuleType, a, b):
@@ -159,7 +159,8 @@ def host_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = Non
             W = digits[width] = pieces.astype(np.float64)
         np.matmul(W, out.T, out=sums[: W.shape[0], :, i:end])
     with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
-        residues = sums.astype(np.int64).reshape(most, cols, rows) % P
+        sums = sums.astype(np.int64).reshape(most, cols, rows)
+    residues = sums + (P & (sums >> 63))  # |sum| <= 2^53 < p: mod p adds p to a negative
     # digit t of a row is shifted by t * width (below 61); digits a row does not have are 0
     shifts = np.minimum(np.arange(most)[:, None] * widths, 60)[:, None, :]
     result = _recombine(np, residues, shifts, axis=0).T.copy()
