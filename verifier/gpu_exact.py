@@ -51,10 +51,15 @@ class Launch(NamedTuple):
 # over n = 4096 and 8192, H100, bench/verify.py's int8/int32 operands: one-word loads of 81
 # variants (warps 4/8/16, unroll 2/4/8, rows 1/2/4, tiles of 8/16/32 KiB), 16-byte loads of
 # 18 per inner loop (warps 8/16, unroll 1/2/4, rows 1/2/4; the best 4-7% below the median).
+# 16-byte loads re-swept in the one-launch check (both inner loops alike, 18 variants, CUDA
+# events): unroll 4, rows 2 took n = 4096 from 79 to 69 us, n = 8192 the same 177 us.
 # A 32 KiB tile holds a 4096-long vector's 8 byte limbs whole: a block fills it once.
 LAUNCH = {("bytes", 1): Launch(16, 4, 2, 32 * 1024), ("wide", 1): Launch(16, 8, 2, 32 * 1024),
-          ("bytes", 4): Launch(16, 2, 2, 32 * 1024), ("wide", 4): Launch(16, 2, 2, 32 * 1024)}
+          ("bytes", 4): Launch(16, 4, 2, 32 * 1024), ("wide", 4): Launch(16, 4, 2, 32 * 1024)}
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
+# B's and C's first rows fetched into the L2 while the vectors are derived (the H100's L2
+# holds 50 MB; the derivation takes about 10 us, 30 MB at the HBM3 peak)
+PREFETCH_BYTES, PREFETCH_CHUNK = 32 << 20, 64 << 10
 MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
 WIDE_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
 WIDE_DTYPES = frozenset(np.dtype(t) for t in WIDE_TYPES)
@@ -347,6 +352,37 @@ __device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
     __syncthreads();
 }
 
+// A hint to the L2 to fetch bytes from start (both multiples of 16); returns at once.
+__device__ __forceinline__ void prefetch_l2(const char* start, long long bytes) {
+#if __CUDA_ARCH__ >= 900
+    for (long long at = 0; at < bytes; at += PREFETCH_CHUNK) {
+        const unsigned int size = (unsigned int)min(bytes - at, (long long)PREFETCH_CHUNK);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                     :: "l"(start + at), "r"(size) : "memory");
+    }
+#endif
+}
+
+// The rows of B and C this block reads first, up to its share of PREFETCH_BYTES, fetched into
+// the L2 while the vectors are derived (passes with 16-byte loads only: their rows start at
+// multiples of 16 bytes).
+__device__ __forceinline__ void prefetch_first_rows(
+        const VB_T* B, const VC_T* C, long long m, long long k, long long n,
+        long long blocks_b, long long blocks_c) {
+    long long budget = PREFETCH_BYTES / gridDim.x;
+    const long long warps = blockDim.x >> 5;
+    for (long long v = blockIdx.x; v < blocks_b + blocks_c && budget > 0; v += gridDim.x) {
+        const bool in_b = v < blocks_b;
+        const long long per = (in_b ? VB_RPW : VC_RPW) * warps, rows = in_b ? k : m;
+        const long long first = (in_b ? v : v - blocks_b) * per;
+        const long long row_bytes = n * (in_b ? (long long)sizeof(VB_T) : (long long)sizeof(VC_T));
+        const long long bytes = min(budget, (min(first + per, rows) - first) * row_bytes) & ~15LL;
+        if (in_b ? VB_VEC == 4 : VC_VEC == 4)
+            prefetch_l2((in_b ? (const char*)B : (const char*)C) + first * row_bytes, bytes);
+        budget -= bytes;
+    }
+}
+
 // derive: words = the first n * rounds words of stream v3 from the key (else words holds
 // them already). X (k, rounds) = B R mod p, Z (m, rounds) = C R mod p; verdict (device) and
 // host_verdict (pinned host memory): rows where A X != Z, the first such row, whether a word
@@ -358,6 +394,7 @@ check(const VA_T* __restrict__ A, const VB_T* __restrict__ B, const VC_T* __rest
       long long k, long long n, long long rounds, long long limit, long long blocks_b,
       long long blocks_c, long long blocks_a) {
     __shared__ __align__(16) unsigned int tile[CHECK_TILE];
+    if (threadIdx.x == 0) prefetch_first_rows(B, C, m, k, n, blocks_b, blocks_c);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         verdict[0] = 0;
         verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
@@ -492,6 +529,7 @@ def _fused_kernel(a: Pass, b: Pass, c: Pass):
     options = (*(o.replace("-DVX_", f"-DV{x}_") for x, one in zip("ABC", (a, b, c), strict=True)
                  for o in one.options),
                f"-DCHECK_TILE={max(a.tile, b.tile, c.tile)}", f"-DCHECK_THREADS={a.threads}",
+               f"-DPREFETCH_BYTES={PREFETCH_BYTES}LL", f"-DPREFETCH_CHUNK={PREFETCH_CHUNK}",
                *(f"-DDOMAIN{i}={lane:#x}ULL" for i, lane in enumerate(domain)),
                f"-DBLOCK_WORDS={BLOCK_WORDS}")
     return cupy.RawKernel(source, "check", options=options)
