@@ -68,6 +68,18 @@ def test_signed_digits_rebuild_the_vector_within_their_bounds():
         assert np.array_equal(rebuilt.astype(np.int64), V.T)
 
 
+def test_rotate_multiplies_by_powers_of_two_mod_p():
+    """Every shift 0..60, as an int and as an array, against Python integers; the extremes
+    0, 1, p - 1 and 2^60 included."""
+    rng = np.random.default_rng(12)
+    x = np.concatenate([[0, 1, P - 1, 1 << 60], rng.integers(0, P, 57)]).astype(np.int64)
+    shifts = np.arange(61)
+    want = np.array([int(v) * 2**int(t) % P for v, t in zip(x, shifts, strict=True)])
+    assert np.array_equal(exact.rotate(x, shifts), want)
+    for t in (0, 1, 32, 60):
+        assert np.array_equal(exact.rotate(x, t), [int(v) * 2**t % P for v in x])
+
+
 @pytest.mark.parametrize("limit", [1 << 53, 1 << 62])
 def test_digit_width_is_the_widest_that_stays_within_the_limit(limit):
     """inner * bound * 2^(w-1) <= limit < inner * bound * 2^w, checked with Python
