@@ -87,9 +87,9 @@ def print_timeline(path: str, roles: dict[int, str]) -> None:
 # A lone job's critical path: (step, process, mark prefix, the step it is measured from).
 # "worker" is the worker that did the job; each step is the first such mark after its anchor.
 PATH_STEPS = [
+    ("submit signed", "client", "client signed submitJobs", "start"),
     ("uploaded", "client", "job uploaded", "start"),
-    ("submit signed", "client", "client signed submitJobs", "uploaded"),
-    ("submit at node", "node", "rpc in eth_sendRawTransaction", "submit signed"),
+    ("submit at node", "node", "rpc in eth_sendRawTransaction", "uploaded"),
     ("submit admitted", "node", "node admitted", "submit at node"),
     ("client has send reply", "client", "client sent submitJobs", "submit admitted"),
     ("submit seal starts", "node", "node gathered", "submit admitted"),

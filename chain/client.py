@@ -236,15 +236,23 @@ class ChainClient:
 
     def post(self, fn_call, value: int = 0, gas: int | None = None) -> bytes:
         """Sign and send a contract call without waiting for it; its hash."""
-        raw = self.sign(fn_call, value=value, gas=gas)
+        return self.post_signed(fn_call, self.sign(fn_call, value=value, gas=gas))
+
+    def post_signed(self, fn_call, raw: bytes) -> bytes:
+        """Send a transaction `sign` made for `fn_call`; its hash."""
         try:
             tx_hash = self.send_raw(raw)
             mark(f"client sent {fn_call.fn_name}")
             return tx_hash
         except Exception:
-            self._nonce = None  # resynchronise with the node on the next call
-            self._fee = None
+            self.forget_nonce()
             raise
+
+    def forget_nonce(self) -> None:
+        """Ask the node for the next nonce (and fee) again: a transaction `sign` made was not
+        sent, or may not have been taken."""
+        self._nonce = None
+        self._fee = None
 
     def send_raw(self, raw: bytes) -> bytes:
         """eth_sendRawTransaction straight through the provider (web3's method pipeline

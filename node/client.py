@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 
 import numpy as np
 from eth_account import Account
 
+from chain.blobs import blob_id, encode_array
 from chain.timeline import mark
 from node.market import (
     DEFAULT_MAX_BLOB_BYTES,
@@ -31,6 +33,7 @@ STAGES = ("submitted", "claimed", "committed", "verified", "paid")
 DEFAULT_FEE_WEI = 10**15
 FINALIZE_PATIENCE_BLOCKS = 4  # the worker finalises itself; step in only if it does not
 EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
+PRESIGN_BYTES = 1 << 20  # operands up to this size in all: submission signed during upload
 PRECISION_CODES = {"exact": 0, "fp32": 1, "tf32": 2, "bf16": 3}
 
 
@@ -149,22 +152,33 @@ class JobClient:
                 raise RemoteJobError("validate", f"pair {i}: {err}") from err
         start = time.perf_counter()
         mark("job start")
+        precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
+        arrays = [x for pair in pairs for x in pair]
+        signed = None
+        if sum(x.nbytes for x in arrays) <= PRESIGN_BYTES:
+            # small operands: their ids are hashed here and the submission is signed while
+            # they upload; it is sent only once the store has acknowledged them
+            upload = self._pool.submit(self.market.put_arrays, arrays)
+            try:
+                hashed = [blob_id(encode_array(x)) for x in arrays]
+                signed = self._sign_submission(hashed, shapes, precisions)
+            except Exception as err:
+                wait_for([upload])
+                self.market.client.forget_nonce()
+                raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
         try:
-            flat = self.market.put_arrays([x for pair in pairs for x in pair])
-            ids = list(zip(flat[0::2], flat[1::2], strict=True))
+            flat = upload.result() if signed else self.market.put_arrays(arrays)
+            if signed and flat != hashed:
+                raise ValueError("the blob store acknowledged other ids than the operands'")
         except Exception as err:
+            if signed:
+                self.market.client.forget_nonce()  # the submission is never sent
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()
         mark("job uploaded")
-        precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
-        rows = [(a_id, b_id, *shape, PRECISION_CODES[p], self.fee_wei)
-                for (a_id, b_id), shape, p in zip(ids, shapes, precisions, strict=True)]
-        columns = [list(column) for column in zip(*rows, strict=True)]
         try:
-            receipt = self.market.send_with_gas(
-                submit_jobs_gas(len(pairs)), "submitJobs", *columns, self.timeout_blocks,
-                value=self.fee_wei * len(pairs),
-            )
+            receipt = self.market.send_signed(
+                signed or self._sign_submission(flat, shapes, precisions))
         except Exception as err:
             raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
         job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
@@ -172,6 +186,16 @@ class JobClient:
         return [_Pending(job_id, a, b, p, receipt["blockNumber"],
                          times={"start": start, "uploaded": uploaded, "submitted": now})
                 for job_id, (a, b), p in zip(job_ids, pairs, precisions, strict=True)]
+
+    def _sign_submission(self, flat_ids: list[bytes], shapes: list[tuple],
+                         precisions: list[str]) -> tuple:
+        """submitJobs for the pairs whose A and B ids alternate in `flat_ids`, signed."""
+        ids = zip(flat_ids[0::2], flat_ids[1::2], strict=True)
+        rows = [(a_id, b_id, *shape, PRECISION_CODES[p], self.fee_wei)
+                for (a_id, b_id), shape, p in zip(ids, shapes, precisions, strict=True)]
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        return self.market.sign_with_gas(submit_jobs_gas(len(rows)), "submitJobs", *columns,
+                                         self.timeout_blocks, value=self.fee_wei * len(rows))
 
     def wait(self, pending: list[_Pending]) -> list[np.ndarray]:
         """Follow the jobs block by block (the long poll brings each block's market events)

@@ -197,6 +197,17 @@ class Market:
         call = getattr(self.contract.functions, fn_name)(*args)
         return self.client.send(call, value=value, gas=gas)
 
+    def sign_with_gas(self, gas: int, fn_name: str, *args, value: int = 0) -> tuple:
+        """A contract call signed with a fixed gas limit and not sent yet, for `send_signed`
+        (or `client.forget_nonce()` if it is dropped): (call, raw transaction, value)."""
+        call = getattr(self.contract.functions, fn_name)(*args)
+        return call, self.client.sign(call, value=value, gas=gas), value
+
+    def send_signed(self, signed: tuple):
+        """Send a `sign_with_gas` call and wait for it: its receipt; TxReverted on revert."""
+        call, raw, value = signed
+        return self.client.confirm(call, self.client.post_signed(call, raw), value)
+
     def post_with_gas(self, gas: int, fn_name: str, *args):
         """Send a contract call with a fixed gas limit without waiting; (call, tx hash) for
         `confirm`."""

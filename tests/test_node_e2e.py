@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from chain.blobhttp import BlobClient
 from chain.blobs import blob_id, encode_array
 from chain.devnet import dev_account
 from node.cli import app
 from node.client import JobClient, RemoteJobError
-from node.devnet import Devnet
+from node.devnet import Devnet, free_port
 from node.market import Market
 
 pytestmark = pytest.mark.timeout(240)
@@ -190,6 +191,25 @@ def test_bad_input_is_refused_before_the_chain(net, observer, a, b, match):
     client.close()
 
 
+def test_failed_upload_sends_no_submission_and_the_next_job_runs(net, observer):
+    """Small operands upload while their submission is signed: if the upload fails, the
+    signed submission is dropped (its nonce too), and the next job goes through."""
+    client = JobClient(net.rpc_url, dev_account(4), fee_wei=FEE, timeout=120)
+    store = client.market.blobs
+    jobs, nonce = observer.job_count(), observer.w3.eth.get_transaction_count(client.address)
+    client.market.blobs = BlobClient(f"http://127.0.0.1:{free_port()}/blobs", 1 << 20)
+    a, b = _operands(11, (6, 5), (5, 4))
+    with pytest.raises(RemoteJobError, match="stage upload") as err:
+        client.matmul(a, b)
+    assert err.value.stage == "upload"
+    assert observer.job_count() == jobs
+    assert observer.w3.eth.get_transaction_count(client.address, "pending") == nonce
+    client.market.blobs = store
+    np.testing.assert_allclose(client.matmul(a, b), a.astype(np.float64) @ b,
+                               rtol=1e-4, atol=1e-4)
+    client.close()
+
+
 def test_blob_with_wrong_hash_is_rejected_and_corruption_detected(net, observer):
     data = encode_array(np.arange(6, dtype=np.float32).reshape(2, 3))
     wrong = blob_id(data + b"x")
@@ -314,7 +334,7 @@ def test_worker_api_metrics_and_admin_actions(net, observer):
     status = HTTP.get(f"{api}/status").json()
     jobs = HTTP.get(f"{api}/jobs").json()
     verified = [j for j in jobs if j["stage"] == "verified"]
-    assert status["address"] == worker.address and status["completed"] == len(verified) == 8
+    assert status["address"] == worker.address and status["completed"] == len(verified) == 9
     assert status["stake_wei"] == observer.stake_of(worker.address)
     metrics = HTTP.get(f"{api}/metrics").text
     assert 'needle_jobs_total{outcome="verified"} 2.0' in metrics  # since its last restart
