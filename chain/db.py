@@ -19,12 +19,13 @@ import rlp
 from eth.abc import BlockAPI, BlockHeaderAPI
 from eth.constants import GENESIS_PARENT_HASH
 from eth.db.backends.base import BaseDB
-from eth.db.chain import BlockDataKey, ChainDB
+from eth.db.chain import ChainDB
 from eth.db.schema import SchemaV1
-from eth.rlp.sedes import chain_gaps
 from eth_typing import Hash32
 from lru import LRU
 from rlp.sedes import big_endian_int, binary
+
+from chain.tries import encode_node
 
 _DELETED = None
 CACHE_ENTRIES = 1 << 17  # trie nodes are ~100-600 bytes: tens of MB at most
@@ -170,7 +171,7 @@ class NodeChainDB(ChainDB):
             batch[CANONICAL_HEAD] = header.hash
             for index, transaction in enumerate(block.transactions):
                 batch[SchemaV1.make_transaction_hash_to_block_lookup_key(transaction.hash)] = \
-                    rlp.encode(BlockDataKey(number, index))
+                    encode_node([_int_bytes(number), _int_bytes(index)])  # BlockDataKey's
         return (header.hash,), ()
 
 
@@ -180,5 +181,10 @@ CHAIN_GAPS = SchemaV1.make_chain_gaps_lookup_key()
 
 
 def _no_gaps_below(number: int) -> bytes:
-    """py-evm's gap marker of a chain holding every block below ``number``."""
-    return rlp.encode(((), number), sedes=chain_gaps)
+    """py-evm's gap marker (``chain_gaps``: no gaps, then the first block missing as a
+    32-byte integer) of a chain holding every block below ``number``."""
+    return encode_node([[], number.to_bytes(32, "big")])
+
+
+def _int_bytes(value: int) -> bytes:
+    return value.to_bytes((value.bit_length() + 7) // 8, "big")

@@ -55,7 +55,7 @@ from chain.flatstate import FlatAccountDB
 from chain.interpreter import FastComputation
 from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, REWARD_POOL_ADDRESS
 from chain.precompile import make_freivalds_precompile
-from chain.tries import trie_root_and_nodes
+from chain.tries import encode_header, trie_root_and_nodes
 
 # py-evm looks its block-trie builder up as a module global when it builds, validates and
 # persists blocks; the one-pass builder gives the same roots (tests/test_chain_tries.py).
@@ -202,9 +202,11 @@ class PoUWFastVM(PoUWVMBase):
         self.process_consolidation_request_data(block)
         self._assign_block_rewards(block)  # finalize_block's
         self.state.persist()
-        sealed = block_class(with_fields(
+        sealed_header = with_fields(
             block.header, requests_hash=requests_hash(block.block_requests),
-            extra_data=extra_data, state_root=self.state.state_root), transactions)
+            extra_data=extra_data, state_root=self.state.state_root)
+        sealed_header._cached_rlp = encode_header(sealed_header)  # rlp.encode's own cache
+        sealed = block_class(sealed_header, transactions)
         self.validate_block(sealed)
         return sealed
 

@@ -247,7 +247,7 @@ def _run_job(node: Node, correct: bool, precision: int = 1) -> int:
     return node.seal().number
 
 
-def test_node_chaindb_writes_what_py_evm_writes(tmp_path):
+def test_node_chaindb_writes_what_py_evm_writes(tmp_path, monkeypatch):
     """The fast path's ChainDB: the blocks of a job and empty ones, stored by its direct
     writes for a new head, leave the same database as py-evm's persist_block (and a block off
     the head, py-evm's path in both); its cached headers equal plain reads; a block whose
@@ -262,6 +262,10 @@ def test_node_chaindb_writes_what_py_evm_writes(tmp_path):
         assert sum(len(block.transactions) for block in sealed) >= 5 and not sealed[-1].transactions
         head = sealed[-1].header
         sibling = sealed[-1].copy(header=head.copy(timestamp=head.timestamp + 1))
+        direct = []  # the blocks NodeChainDB stored by its own writes
+        extend_head = NodeChainDB._extend_head
+        monkeypatch.setattr(NodeChainDB, "_extend_head",
+                            lambda self, block: direct.append(block) or extend_head(self, block))
         stores = []
         for chaindb_class in (ChainDB, NodeChainDB):
             memory = MemoryDB()
@@ -273,6 +277,9 @@ def test_node_chaindb_writes_what_py_evm_writes(tmp_path):
             assert chaindb.get_canonical_head() == head
             stores.append(memory.kv_store)
         assert stores[0] == stores[1]
+        # every sealed block but the first (py-evm writes the gap markers only from block 1
+        # on) and not the sibling
+        assert direct == sealed[1:]
 
         plain = ChainDB(node.chain.chaindb.db)
         for block in sealed:

@@ -14,13 +14,16 @@ from eth.rlp.accounts import Account
 from eth.rlp.logs import Log
 from eth.rlp.receipts import Receipt
 from eth.vm.forks.prague import PragueVM
+from eth.vm.forks.prague.blocks import PragueBlockHeader
 from eth_hash.auto import keccak
+from rlp.sedes import BigEndianInt
 from trie import HexaryTrie
 
 from chain.flatstate import FlatAccountDB
 from chain.tries import (
     MissingNode,
     encode_account,
+    encode_header,
     encode_node,
     encode_receipt,
     trie_get,
@@ -76,6 +79,26 @@ def test_encode_account_is_rlp():
         for balance in edges + [rng.getrandbits(rng.randrange(1, 257)) for _ in range(5)]:
             account = Account(nonce, balance, os.urandom(32), os.urandom(32))
             assert encode_account(*account) == rlp.encode(account, sedes=Account)
+
+
+def test_encode_header_is_rlp():
+    """Prague headers with zero, small, 2**k boundary and random integer fields and byte
+    fields of every length their sedes allow."""
+    rng = random.Random(5)
+    ints = [0, 1, 127, 128, 255, 256, 2**64 - 1, 2**255]
+    for _ in range(200):
+        fields = {}
+        for name, sedes in PragueBlockHeader._meta.fields:
+            if name == "bloom":
+                fields[name] = rng.choice([0, 1, rng.getrandbits(2048)])
+            elif isinstance(sedes, BigEndianInt):
+                fields[name] = rng.choice(ints + [rng.getrandbits(rng.randrange(1, 200))])
+            else:
+                sizes = [size for size in (0, 1, 8, 20, 32, 55, 56, 80)
+                         if sedes.min_length <= size <= sedes.max_length]
+                fields[name] = os.urandom(rng.choice(sizes))
+        header = PragueBlockHeader(**fields)
+        assert encode_header(header) == rlp.encode(header, sedes=PragueBlockHeader)
 
 
 @pytest.mark.parametrize("key_kind", ["hashed", "short"])
