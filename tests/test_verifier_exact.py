@@ -109,6 +109,32 @@ def test_matmul_mod_p_marks_rows_above_the_limit():
     assert np.array_equal(got, want)
 
 
+def test_matmul_mod_p_marks_rows_above_a_limit_of_32_bits_or_more():
+    """A limit past 2^32 (int16 operands, k = 64: k max|A| max|B| = 2^36): the entries are
+    split into 32-bit halves, every row exact, rows with an entry past the limit p."""
+    rng = np.random.default_rng(13)
+    limit = 1 << 36
+    M = rng.integers(-limit, limit, (6, 64), dtype=np.int64, endpoint=True)
+    M[1, 3], M[4, 0], M[5, 63] = limit + 1, -(1 << 62), -limit
+    V = rng.integers(0, P, (64, 2), dtype=np.int64)
+    want = reference_mod_p(M, V)
+    want[[1, 4]] = P
+    assert np.array_equal(matmul_mod_p(np, M, V, np.iinfo(np.int64).max, limit=limit), want)
+
+
+def test_matmul_mod_p_in_int64_where_float64_digits_would_be_too_narrow():
+    """int32 entries and an inner length of 2^16: float64 would leave 7-bit digits, so the
+    digit products run in int64 (arrays.products), checked against Python integers."""
+    rng = np.random.default_rng(14)
+    inner = 1 << 16
+    assert digit_width(1 << 31, inner, 1 << 53) < 8
+    M = integers(rng, (2, inner), np.int32)
+    M[0, :] = np.iinfo(np.int32).min
+    V = rng.integers(0, P, (inner, 1), dtype=np.int64)
+    V[:, 0] = P - 1
+    assert np.array_equal(matmul_mod_p(np, M, V, 1 << 31), reference_mod_p(M, V))
+
+
 def test_host_mod_p_with_a_digit_width_per_block(monkeypatch):
     """Row blocks of very different magnitudes (so different digit widths, down to the
     limit's own) in one matrix, a row at the limit itself, vectors with p - 1: every row

@@ -89,7 +89,10 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int, limit: int | None = None):
         M64 = M.astype(np.int64, copy=False)
         high = matmul_mod_p(xp, M64 >> 32, V, SPLIT // 2)
         low = matmul_mod_p(xp, M64 & (SPLIT - 1), V, SPLIT - 1)
-        return add_mod(xp, rotate(high, 32), low)
+        result = add_mod(xp, rotate(high, 32), low)
+        if flags is not None:  # the halves are exact for any entries: mark the rows here
+            result[((M > limit) | (M < -limit)).any(axis=1)] = P
+        return result
     inner, cols = V.shape
     width, dtype = digit_width(bound, inner, 1 << 53), np.float64
     if width < 8:  # huge entries or inner dimensions: int64 (numpy's own loops) instead
