@@ -33,13 +33,33 @@ class MissingNode(Exception):
 
 
 def encode_node(item: Node | bytes) -> bytes:
-    """RLP (yellow paper, appendix B) of a trie node: nested lists of byte strings."""
+    """RLP (yellow paper, appendix B) of a trie node: nested lists of byte strings. A list's
+    byte-string items (a branch's 17 children are mostly hashes and blanks) are encoded in
+    its own loop: a call per child was most of hashing a branch."""
     if isinstance(item, bytes):
-        if len(item) == 1 and item[0] < 0x80:
-            return item
-        return _length_prefix(len(item), 0x80) + item
-    payload = b"".join([encode_node(child) for child in item])
+        return _encode_bytes(item)
+    parts = []
+    for child in item:
+        if type(child) is bytes:
+            length = len(child)
+            if length < 56 and (length != 1 or child[0] >= 0x80):
+                parts.append(_SHORT_PREFIXES[length])
+            elif length != 1:
+                parts.append(_length_prefix(length, 0x80))
+            parts.append(child)
+        else:
+            parts.append(encode_node(child))
+    payload = b"".join(parts)
     return _length_prefix(len(payload), 0xC0) + payload
+
+
+def _encode_bytes(item: bytes) -> bytes:
+    if len(item) == 1 and item[0] < 0x80:
+        return item
+    return _length_prefix(len(item), 0x80) + item
+
+
+_SHORT_PREFIXES = [bytes([0x80 + length]) for length in range(56)]
 
 
 def _length_prefix(length: int, offset: int) -> bytes:
