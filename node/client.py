@@ -154,32 +154,31 @@ class JobClient:
         mark("job start")
         precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
         arrays = [x for pair in pairs for x in pair]
-        signed = None
+        signing = None
         if sum(x.nbytes for x in arrays) <= PRESIGN_BYTES:
-            # small operands: their ids are hashed here and the submission is signed while
-            # they upload; it is sent only once the store has acknowledged them
-            upload = self._pool.submit(self.market.put_arrays, arrays)
-            try:
-                hashed = [blob_id(encode_array(x)) for x in arrays]
-                signed = self._sign_submission(hashed, shapes, precisions)
-            except Exception as err:
-                wait_for([upload])
-                self.market.client.forget_nonce()
-                raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
+            # small operands: their ids are hashed here and the submission is signed on a
+            # pool thread while this one uploads them (and waits for the store's fsync); it
+            # is sent only once the store has acknowledged them
+            hashed = [blob_id(encode_array(x)) for x in arrays]
+            signing = self._pool.submit(self._sign_submission, hashed, shapes, precisions)
         try:
-            flat = upload.result() if signed else self.market.put_arrays(arrays)
-            if signed and flat != hashed:
+            flat = self.market.put_arrays(arrays)
+            if signing and flat != hashed:
                 raise ValueError("the blob store acknowledged other ids than the operands'")
         except Exception as err:
-            if signed:
+            if signing:
+                wait_for([signing])
                 self.market.client.forget_nonce()  # the submission is never sent
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()
         mark("job uploaded")
         try:
-            receipt = self.market.send_signed(
-                signed or self._sign_submission(flat, shapes, precisions))
+            signed = signing.result() if signing else \
+                self._sign_submission(flat, shapes, precisions)
+            receipt = self.market.send_signed(signed)
         except Exception as err:
+            if signing:
+                self.market.client.forget_nonce()  # in case signing failed after its nonce
             raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
         job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
         now = time.perf_counter()
