@@ -167,7 +167,8 @@ class BlobServer:
         self.store = store
         # the kernel's buffer autotuning is kept: fixed 4 MiB SO_RCVBUF/SO_SNDBUF made no
         # difference beyond the noise here
-        self.listener = socket.create_server((host, port), backlog=128)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" like uvicorn
+        self.listener = socket.create_server((host, port), family=family, backlog=128)
         self.port: int = self.listener.getsockname()[1]
         self.connections: set[socket.socket] = set()
         self.pool = BufferPool()

@@ -25,7 +25,7 @@ import pytest
 
 from chain.blobhttp import BlobClient, _AlreadyStored, _HashedFrame
 from chain.blobs import PIPELINE_BYTES, BlobStore, encode_array
-from chain.blobserver import BlobServer
+from chain.blobserver import BlobServer, blob_url
 from chain.launch import NodeProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -339,6 +339,19 @@ def test_chain_up_blob_port_and_the_advertised_url(tmp_path):
                                  "--blob-port", str(port + 1)],
                                 capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and "Address already in use" in result.stderr + result.stdout
+
+
+def test_listener_on_ipv6_and_its_advertised_url(tmp_path):
+    """`chain up --host ::1` (as uvicorn takes it): the listener binds IPv6 and /info's
+    blob_url brackets the address."""
+    with BlobServer(BlobStore(tmp_path), "::1") as server:
+        url = blob_url("http://[::1]:8545", server.port)
+        assert url == f"http://[::1]:{server.port}/blobs"
+        client = BlobClient(url, LIMIT_MB << 20)
+        ones = np.ones(4, np.int8)
+        np.testing.assert_array_equal(client.get_array(client.put_array(ones)), ones)
+        client.close()
+    assert blob_url("http://node.example:8545", None) == "http://node.example:8545/blobs"
 
 
 def test_client_falls_back_when_nothing_listens_at_the_blob_url(listener):
