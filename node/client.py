@@ -23,6 +23,7 @@ from chain.blobs import blob_id, encode_array
 from chain.timeline import mark
 from node.market import (
     DEFAULT_MAX_BLOB_BYTES,
+    PRESIGN_BYTES,
     UPLOAD_THREADS,
     Market,
     TxReverted,
@@ -33,7 +34,6 @@ STAGES = ("submitted", "claimed", "committed", "verified", "paid")
 DEFAULT_FEE_WEI = 10**15
 FINALIZE_PATIENCE_BLOCKS = 4  # the worker finalises itself; step in only if it does not
 EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
-PRESIGN_BYTES = 1 << 20  # operands up to this size in all: submission signed during upload
 PRECISION_CODES = {"exact": 0, "fp32": 1, "tf32": 2, "bf16": 3}
 
 

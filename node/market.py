@@ -36,6 +36,7 @@ COMMIT_GAS = 200_000  # measured: 60k
 FINALIZE_JOBS_GAS = 100_000  # plus finalize_gas(job) per job
 ZERO_ADDRESS = "0x" + "00" * 20
 UPLOAD_THREADS = 8
+PRESIGN_BYTES = 1 << 20  # blobs up to this size in all: their transaction signed during upload
 
 TxReverted = TransactionReverted
 
@@ -207,6 +208,11 @@ class Market:
         """Send a `sign_with_gas` call and wait for it: its receipt; TxReverted on revert."""
         call, raw, value = signed
         return self.client.confirm(call, self.client.post_signed(call, raw), value)
+
+    def post_signed(self, signed: tuple):
+        """Send a `sign_with_gas` call without waiting; (call, tx hash) for `confirm`."""
+        call, raw, _ = signed
+        return call, self.client.post_signed(call, raw)
 
     def post_with_gas(self, gas: int, fn_name: str, *args):
         """Send a contract call with a fixed gas limit without waiting; (call, tx hash) for

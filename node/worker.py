@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
+from chain.blobs import blob_id, encode_array
 from chain.timeline import mark
 from node import compute
 from node.market import (
@@ -33,6 +35,7 @@ from node.market import (
     JOB_COMMITTED,
     JOB_OPEN,
     PRECISIONS,
+    PRESIGN_BYTES,
     UPLOAD_THREADS,
     Job,
     Market,
@@ -449,12 +452,9 @@ class Worker:
             if not ready:
                 return
             mark("worker computed")
-            c_ids = self._retry(self.chain.put_arrays, results)  # batched: one group commit
-            mark("worker uploaded")
-            t0 = time.perf_counter()
             ids = [j.job_id for _, j in ready]
-            commit = self._retry(self.chain.post_with_gas, commit_jobs_gas(len(ids)),
-                                 "commitJobs", ids, c_ids)
+            commit = self._upload_and_commit(ids, results)
+            t0 = time.perf_counter()
             # finalizeJobs right behind it: the node seals a lone transaction at once, so
             # this one lands in the next block, the first where finalising is allowed (in
             # the same block it would skip the jobs, and _finalize_all sends it again)
@@ -491,6 +491,35 @@ class Worker:
                 self._done(record)
             with self._lock:
                 self._tasks -= 1
+
+    def _upload_and_commit(self, job_ids: list[int], results: list[np.ndarray]):
+        """Upload the Cs (batched: one group commit), then send commitJobs; posted for
+        `confirm`. Small results are hashed here and the commit is signed on the blob pool
+        while they upload; it is sent only once the store has acknowledged them (a commit
+        whose C is missing would be slashed at finalisation)."""
+        gas = commit_jobs_gas(len(job_ids))
+        if sum(c.nbytes for c in results) > PRESIGN_BYTES:
+            c_ids = self._retry(self.chain.put_arrays, results)
+            mark("worker uploaded")
+            return self._retry(self.chain.post_with_gas, gas, "commitJobs", job_ids, c_ids)
+        c_ids = [blob_id(encode_array(c)) for c in results]
+        signing = self._blob_pool.submit(self.chain.sign_with_gas, gas, "commitJobs", job_ids,
+                                         c_ids)
+        try:
+            stored = self._retry(self.chain.put_arrays, results)
+            if stored != c_ids:
+                raise ValueError("the blob store acknowledged other ids than the results'")
+        except BaseException:
+            wait_for([signing])
+            self.chain.client.forget_nonce()  # the signed commit is never sent
+            raise
+        mark("worker uploaded")
+        try:
+            return self.chain.post_signed(signing.result())
+        except Exception as err:  # the nonce is forgotten: signed afresh if worth retrying
+            if not is_transient(err):
+                raise
+            return self._retry(self.chain.post_with_gas, gas, "commitJobs", job_ids, c_ids)
 
     def _try_compute(self, job: Job) -> tuple[np.ndarray | None, Exception | None]:
         """Fetch A and B and compute C: (C, None), or (None, the error)."""
