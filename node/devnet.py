@@ -70,10 +70,11 @@ class Devnet:
     """Start with `Devnet(data_dir).start(workers=2)`; stop with `close()` (or use `with`)."""
 
     def __init__(self, data_dir: Path, *, port: int | None = None, block_time: float = 0.2,
-                 log_to_files: bool = True) -> None:
+                 log_to_files: bool = True, blob_port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self.blob_port = blob_port  # None: chain up's default (port + 1, else any free one)
         self.rpc_url = f"http://127.0.0.1:{self.port}"
         self.block_time = block_time
         self.log_to_files = log_to_files
@@ -107,7 +108,9 @@ class Devnet:
     def start_chain(self) -> None:
         self.chain = self._spawn(
             ["chain", "up", "--data-dir", str(self.data_dir / "chain"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--block-time", str(self.block_time)], "chain.log")
+             "--port", str(self.port), "--block-time", str(self.block_time),
+             *(["--blob-port", str(self.blob_port)] if self.blob_port is not None else [])],
+            "chain.log")
         wait_until(lambda: httpx.get(f"{self.rpc_url}/info", timeout=2).status_code == 200,
                    START_TIMEOUT, "chain node", self.chain)
 

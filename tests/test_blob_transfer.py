@@ -27,6 +27,7 @@ from chain.blobhttp import BlobClient, _AlreadyStored, _HashedFrame
 from chain.blobs import PIPELINE_BYTES, BlobStore, encode_array
 from chain.blobserver import BlobServer, blob_url
 from chain.launch import NodeProcess, free_port
+from node.devnet import Devnet
 
 pytestmark = pytest.mark.timeout(60)
 LIMIT_MB = 24
@@ -339,6 +340,14 @@ def test_chain_up_blob_port_and_the_advertised_url(tmp_path):
                                  "--blob-port", str(port + 1)],
                                 capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and "Address already in use" in result.stderr + result.stdout
+
+
+def test_devnet_passes_its_blob_port(tmp_path):
+    blob_port = free_port()
+    with Devnet(tmp_path, blob_port=blob_port) as net:
+        net.start_chain()
+        info = httpx.get(f"{net.rpc_url}/info").json()
+        assert info["blob_url"] == f"http://127.0.0.1:{blob_port}/blobs"
 
 
 def test_listener_on_ipv6_and_its_advertised_url(tmp_path):
