@@ -273,6 +273,31 @@ def test_more_row_blocks_than_resident_blocks_and_back_to_back_checks():
         dA, dB, dW, precision="exact", seed=SEED)
 
 
+def test_every_wrong_row_is_counted_once_launch_after_launch():
+    """With every row wrong each is counted exactly once (neither twice nor missed; A's
+    tensor-core pass sums a block's rows in shared memory it then reuses), launch after
+    launch; a row holding an entry above the product's bound counts as wrong."""
+    from verifier import gpu_exact
+
+    rng = np.random.default_rng(14)
+    m, k, n = 1000, 256, 96
+    A, B, C = _int8_product(rng, m, k, n)
+    product_bound = k * 128 * 128
+    dA, dB, dC = cupy.asarray(A), cupy.asarray(B), cupy.asarray(C)
+    plan = gpu_exact.plan_for(dA, dB, dC, 1, INT8_BOUNDS, product_bound)
+    all_wrong = cupy.asarray(C + np.int32(1))
+    above = C.copy()
+    above[[998, 3], [95, 0]] = [product_bound + 1, -product_bound - 1]
+    d_above = cupy.asarray(above)
+    for i in range(4):
+        seed = i.to_bytes(4, "big")
+        assert gpu_exact.check(plan, dA, dB, all_wrong, seed) == (m, 0)
+        assert gpu_exact.check(plan, dA, dB, dC, seed) == (0, 0)
+        assert gpu_exact.check(plan, dA, dB, d_above, seed) == (2, 3)
+    on_host = verify(A, B, above, precision="exact", seed=SEED)
+    assert not on_host.passed and verify(dA, dB, d_above, precision="exact", seed=SEED) == on_host
+
+
 def test_repeated_device_checks_take_the_remembered_plan_with_the_same_verdicts():
     """A second verify() of the same kind of device inputs skips the input checks it did the
     first time: verdicts stay the host's, other kinds (strides, alignment, dtype, rounds)

@@ -12,7 +12,10 @@ A row of M times a vector v with entries in [0, p) is summed in integers that ca
 overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share of the row.
 * int8 rows of a length divisible by 4 ("bytes"): 8-bit limbs, four entries of M against four
   limbs in one dp4a instruction, int32 sums (a lane adds at most cols / 128 results of
-  magnitude at most 4 * 128 * 255 < 2^17: below 2^31 for rows up to 2^16 entries).
+  magnitude at most 4 * 128 * 255 < 2^17: below 2^31 for rows up to 2^16 entries). Rows
+  16-byte aligned and at most MMA_MAX_COLS long take the tensor cores instead: an int8 x
+  uint8 mma multiplies 16 rows by 32 entries by the 8 limbs into int32 sums, which a row's
+  whole sum bounds as above (the warps' sums are added in shared memory).
 * every other type ("wide"): limbs of w <= 31 bits and int64 sums, w the widest with
   cols * bound * (2^w - 1) <= 2^63 - 1 (bound: the dtype's magnitude, or for C the product's
   bound k max|A| max|B|, checked entry by entry in the kernel: a row holding a larger entry is
@@ -43,7 +46,8 @@ class Launch(NamedTuple):
 
     warps: int  # per block; they share the tiles of V
     unroll: int  # loads per row in flight per lane before they are used
-    rows: int  # per warp, at most (fewer when their accumulators crowd the registers)
+    rows: int  # per warp, at most (fewer when their accumulators crowd the registers); on
+    # the tensor cores groups of 16 rows
     tile_bytes: int  # shared memory for the limbs of one tile of V
 
 
@@ -63,6 +67,13 @@ MAX_ROUNDS = 4  # more rounds take the generic path (registers)
 # gain, near the noise, that hides half the derivation (removing it saves 3.9 us, not 8).
 PREFETCH_BYTES, PREFETCH_CHUNK = 32 << 20, 64 << 10
 MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
+# int8 rows read 16 bytes at a time take the tensor cores (mma) up to this length, dp4a
+# beyond. H100, back-to-back checks, the same run: n = 4096 58.0 us with mma against 61.4
+# with dp4a (A's pass alone 18.6 against 22.3, B's 19.4 against 22.2, both with the launch's
+# ~14 us); n = 8192 175.9 against 172.7 (A's pass alone faster, 45.3 against 47.0, but B's
+# beside C's slower, 144.8 against 141.2: rows read 64 bytes at a time by 8 rows at once
+# contend with C's stream).
+MMA_MAX_COLS = 4096
 WIDE_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64")
 WIDE_DTYPES = frozenset(np.dtype(t) for t in WIDE_TYPES)
 INT8 = np.dtype(np.int8)
@@ -144,6 +155,16 @@ __device__ __forceinline__ u64 add_mod(u64 a, u64 b) {
     const u64 t = a + b;
     return t >= PRIME ? t - PRIME : t;
 }
+// d += a b for a 16 x 32 int8 block a (rows g, g + 8 by entries 4 t + i, 16 + 4 t + i: a0 a1,
+// a2 a3) and a 32 x 8 uint8 block b (entries 4 t + i, 16 + 4 t + i by column g: b0, b1), d
+// rows g, g + 8 by columns 2 t, 2 t + 1 in int32; (g, t) = (lane / 4, lane % 4).
+__device__ __forceinline__ void mma_s8_u8(int* d, int a0, int a1, int a2, int a3,
+                                          unsigned int b0, unsigned int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ u64 rotate(u64 y, int s) {  // y 2^s mod p, y in [0, p), s in [0, 61)
     return s == 0 ? y : (((y << s) & PRIME) | (y >> (61 - s)));
 }
@@ -152,10 +173,51 @@ __device__ __forceinline__ u64 rotate(u64 y, int s) {  // y 2^s mod p, y in [0, 
 # One pass over the rows of a matrix, configured by the VX_ constants; pass_source renames
 # them, so that B's and C's passes, configured differently, share one launch.
 BODY = r"""
+// The limbs of V's entries (j0 + jj, q), jj < width (zero beyond), into the tile: VX_TILE
+// words per limb and round.
+__device__ __forceinline__ void VX_FILL(const u64* __restrict__ V, long long vj, long long vq,
+                                        long long j0, int width, unsigned int* tile,
+                                        long long* __restrict__ verdict) {
+    for (int t = threadIdx.x; t < VX_K * VX_TILE; t += blockDim.x) {
+        const int q = t / VX_TILE, jj = t - q * VX_TILE;
+#if VX_BYTES  // limb l of entries 4 jj .. 4 jj + 3, one byte each: a 4 x 8 byte transpose
+        unsigned int half[2][4];  // [low or high 32 bits][entry]
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u64 v = jj < width ? V[(4 * (j0 + jj) + e) * vj + q * vq] & PRIME : 0;
+            if (v == PRIME) verdict[2] = 1;
+            half[0][e] = (unsigned int)v;
+            half[1][e] = (unsigned int)(v >> 32);
+        }
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned int *x = half[h];
+            const unsigned int b01 = __byte_perm(x[0], x[1], 0x5140);  // bytes 0, 1 of
+            const unsigned int b23 = __byte_perm(x[0], x[1], 0x7362);  // entries 0 and 1
+            const unsigned int c01 = __byte_perm(x[2], x[3], 0x5140);
+            const unsigned int c23 = __byte_perm(x[2], x[3], 0x7362);
+            unsigned int *row = tile + (q * VX_L + 4 * h) * VX_TILE + jj;
+            row[0] = __byte_perm(b01, c01, 0x5410);
+            row[VX_TILE] = __byte_perm(b01, c01, 0x7632);
+            row[2 * VX_TILE] = __byte_perm(b23, c23, 0x5410);
+            row[3 * VX_TILE] = __byte_perm(b23, c23, 0x7632);
+        }
+#else  // limb l of entry jj, VX_W bits
+        const u64 v = jj < width ? V[(j0 + jj) * vj + q * vq] & PRIME : 0;
+        if (v == PRIME) verdict[2] = 1;
+        #pragma unroll
+        for (int l = 0; l < VX_L; ++l)
+            tile[(q * VX_L + l) * VX_TILE + jj] =
+                (unsigned int)((v >> (VX_W * l)) & ((1ULL << VX_W) - 1));
+#endif
+    }
+}
+
 // out[i, q] = (M_i . V_q) mod p for the rows of M; V entry (j, q) at V[j * vj + q * vq], low
 // 61 bits kept (a word whose low 61 bits are p, which stream v3 rejects, sets verdict[2]).
 // compare: instead of writing out, counts the rows where some q has a residue != Z into
 // verdict[0] and the smallest such row into verdict[1].
+#if !VX_MMA
 __device__ __forceinline__ void VX_PASS(
         const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
         u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
@@ -187,39 +249,7 @@ __device__ __forceinline__ void VX_PASS(
     for (long long j0 = 0; j0 < words; j0 += VX_TILE) {
         const int width = (int)min((long long)VX_TILE, words - j0);
         __syncthreads();
-        for (int t = threadIdx.x; t < VX_K * VX_TILE; t += blockDim.x) {
-            const int q = t / VX_TILE, jj = t - q * VX_TILE;
-#if VX_BYTES  // limb l of entries 4 jj .. 4 jj + 3, one byte each: a 4 x 8 byte transpose
-            unsigned int half[2][4];  // [low or high 32 bits][entry]
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const u64 v = jj < width ? V[(4 * (j0 + jj) + e) * vj + q * vq] & PRIME : 0;
-                if (v == PRIME) verdict[2] = 1;
-                half[0][e] = (unsigned int)v;
-                half[1][e] = (unsigned int)(v >> 32);
-            }
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const unsigned int *x = half[h];
-                const unsigned int b01 = __byte_perm(x[0], x[1], 0x5140);  // bytes 0, 1 of
-                const unsigned int b23 = __byte_perm(x[0], x[1], 0x7362);  // entries 0 and 1
-                const unsigned int c01 = __byte_perm(x[2], x[3], 0x5140);
-                const unsigned int c23 = __byte_perm(x[2], x[3], 0x7362);
-                unsigned int *row = tile + (q * VX_L + 4 * h) * VX_TILE + jj;
-                row[0] = __byte_perm(b01, c01, 0x5410);
-                row[VX_TILE] = __byte_perm(b01, c01, 0x7632);
-                row[2 * VX_TILE] = __byte_perm(b23, c23, 0x5410);
-                row[3 * VX_TILE] = __byte_perm(b23, c23, 0x7632);
-            }
-#else  // limb l of entry jj, VX_W bits
-            const u64 v = jj < width ? V[(j0 + jj) * vj + q * vq] & PRIME : 0;
-            if (v == PRIME) verdict[2] = 1;
-            #pragma unroll
-            for (int l = 0; l < VX_L; ++l)
-                tile[(q * VX_L + l) * VX_TILE + jj] =
-                    (unsigned int)((v >> (VX_W * l)) & ((1ULL << VX_W) - 1));
-#endif
-        }
+        VX_FILL(V, vj, vq, j0, width, tile, verdict);
         __syncthreads();
         for (int j = VX_VEC * lane; j < width; j += 32 * VX_VEC * VX_UNROLL) {
 #if VX_BYTES
@@ -316,6 +346,106 @@ __device__ __forceinline__ void VX_PASS(
         }
     }
 }
+#else
+// The same pass for int8 rows read 16 bytes at a time, the products on the tensor cores: a
+// warp takes VX_RPW groups of 16 rows against the 8 byte limbs of each vector (one m16n8k32
+// integer mma: 16 rows x 32 entries x 8 limbs), the warps of a block splitting each row's
+// words between them; their int32 sums meet in shared memory. Lane (g, t) = (lane / 4,
+// lane % 4) loads rows g and g + 8 of a group, 16 bytes at word 4 t of a span of 16 words;
+// the span's 64 entries go to two mma in an order that its limbs (one 16-byte shared load of
+// limb g) follow, the sum being the same in any order.
+__device__ __forceinline__ void VX_PASS(
+        const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
+        u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
+        long long rows, long long cols, long long limit, int compare, unsigned int* tile,
+        long long block) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const long long first = block * VX_BLOCK_ROWS, words = cols >> 2;
+    const int4* M4 = reinterpret_cast<const int4*>(M);
+    static_assert(VX_TILE >= VX_BLOCK_ROWS, "the tile holds the block's sums at the end");
+    int acc[VX_RPW][VX_K][4];  // [group][round]: rows g, g + 8 by limbs 2 t, 2 t + 1
+    #pragma unroll
+    for (int r = 0; r < VX_RPW; ++r)
+        #pragma unroll
+        for (int q = 0; q < VX_K; ++q)
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][q][i] = 0;
+
+    for (long long j0 = 0; j0 < words; j0 += VX_TILE) {
+        const int width = (int)min((long long)VX_TILE, words - j0);
+        __syncthreads();
+        VX_FILL(V, vj, vq, j0, width, tile, verdict);
+        __syncthreads();
+        for (int s = 16 * warp; s < width; s += 16 * warps * VX_UNROLL) {
+            int4 m[VX_UNROLL][VX_RPW][2];
+            #pragma unroll
+            for (int u = 0; u < VX_UNROLL; ++u) {
+                const int at = s + 16 * warps * u + 4 * t;
+                #pragma unroll
+                for (int r = 0; r < VX_RPW; ++r)
+                    #pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const long long row = first + 16 * r + 8 * h + g;
+                        m[u][r][h] = at < width && row < rows
+                            ? __ldg(M4 + row * (words >> 2) + ((j0 + at) >> 2))
+                            : make_int4(0, 0, 0, 0);
+                    }
+            }
+            #pragma unroll
+            for (int u = 0; u < VX_UNROLL; ++u) {
+                const int span = s + 16 * warps * u;
+                if (span < width) {
+                    #pragma unroll
+                    for (int q = 0; q < VX_K; ++q) {
+                        const uint4 b = *reinterpret_cast<const uint4*>(
+                            tile + (q * VX_L + g) * VX_TILE + span + 4 * t);
+                        #pragma unroll
+                        for (int r = 0; r < VX_RPW; ++r) {
+                            const int4 lo = m[u][r][0], hi = m[u][r][1];
+                            mma_s8_u8(acc[r][q], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+                            mma_s8_u8(acc[r][q], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();  // the tile is free: it takes the block's sums [row][round][limb]
+    int* sums = reinterpret_cast<int*>(tile);
+    for (int i = threadIdx.x; i < VX_BLOCK_ROWS * VX_K * VX_L; i += blockDim.x) sums[i] = 0;
+    __syncthreads();
+    #pragma unroll
+    for (int r = 0; r < VX_RPW; ++r)
+        #pragma unroll
+        for (int q = 0; q < VX_K; ++q)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int* at = sums + ((16 * r + 8 * h + g) * VX_K + q) * VX_L + 2 * t;
+                atomicAdd(at, acc[r][q][2 * h]);
+                atomicAdd(at + 1, acc[r][q][2 * h + 1]);
+            }
+    __syncthreads();
+    for (int i = threadIdx.x; i < VX_BLOCK_ROWS; i += blockDim.x) {
+        const long long row = first + i;
+        if (row >= rows) break;
+        bool differs = false;
+        #pragma unroll
+        for (int q = 0; q < VX_K; ++q) {
+            u64 residue = 0;
+            #pragma unroll
+            for (int l = 0; l < VX_L; ++l)
+                residue = add_mod(residue, rotate(mod_p(sums[(i * VX_K + q) * VX_L + l]), 8 * l));
+            if (compare) differs |= residue != Z[row * VX_K + q];
+            else out[row * VX_K + q] = residue;
+        }
+        if (differs) {
+            atomicAdd((unsigned long long*)&verdict[0], 1ULL);
+            atomicMin(&verdict[1], row);
+        }
+    }
+}
+#endif
 """
 
 SINGLE = r"""
@@ -372,10 +502,9 @@ __device__ __forceinline__ void prefetch_first_rows(
         const VB_T* B, const VC_T* C, long long m, long long k, long long n,
         long long blocks_b, long long blocks_c) {
     long long budget = PREFETCH_BYTES / gridDim.x;
-    const long long warps = blockDim.x >> 5;
     for (long long v = blockIdx.x; v < blocks_b + blocks_c && budget > 0; v += gridDim.x) {
         const bool in_b = v < blocks_b;
-        const long long per = (in_b ? VB_RPW : VC_RPW) * warps, rows = in_b ? k : m;
+        const long long per = in_b ? VB_BLOCK_ROWS : VC_BLOCK_ROWS, rows = in_b ? k : m;
         const long long first = (in_b ? v : v - blocks_b) * per;
         const long long row_bytes = n * (in_b ? (long long)sizeof(VB_T) : (long long)sizeof(VC_T));
         const long long bytes = min(budget, (min(first + per, rows) - first) * row_bytes) & ~15LL;
@@ -502,15 +631,21 @@ def _pass(dtype: np.dtype, rows: int, cols: int, alignment: int, rounds: int, bo
         limbs = -(-61 // width)
     vec = 4 if words % 4 == 0 and alignment == 16 and (use_bytes or dtype.itemsize == 4) else 1
     launch = LAUNCH["bytes" if use_bytes else "wide", vec]
-    rpw = rows_per_warp(launch, rounds * limbs * (1 if use_bytes else 2))
-    tile = tile_words(launch.tile_bytes, rounds, limbs, 32 * vec * launch.unroll)
+    mma = use_bytes and vec == 4 and cols <= MMA_MAX_COLS
+    if mma:  # groups of 16 rows, 4 sums per group and round
+        rpw = rows_per_warp(launch, 4 * rounds)
+        block_rows, unit = 16 * rpw, 16 * launch.warps * launch.unroll
+    else:
+        rpw = rows_per_warp(launch, rounds * limbs * (1 if use_bytes else 2))
+        block_rows, unit = launch.warps * rpw, 32 * vec * launch.unroll
+    tile = tile_words(launch.tile_bytes, rounds, limbs, unit)
     options = (f"-DVX_T={C_TYPES[dtype.name]}", f"-DVX_R={REGISTER_TYPES.get(dtype.name, 'int')}",
                f"-DVX_K={rounds}", f"-DVX_L={limbs}", f"-DVX_W={width}", f"-DVX_RPW={rpw}",
                f"-DVX_CHECK={int(check)}", f"-DVX_BYTES={int(use_bytes)}",
                f"-DVX_TILE={tile}", f"-DVX_UNROLL={launch.unroll}", f"-DVX_VEC={vec}",
-               f"-DVX_THREADS={32 * launch.warps}")
-    return Pass(options, -(-rows // (launch.warps * rpw)), 32 * launch.warps,
-                rounds * limbs * tile)
+               f"-DVX_THREADS={32 * launch.warps}", f"-DVX_MMA={int(mma)}",
+               f"-DVX_BLOCK_ROWS={block_rows}")
+    return Pass(options, -(-rows // block_rows), 32 * launch.warps, rounds * limbs * tile)
 
 
 @lru_cache(maxsize=64)
