@@ -123,9 +123,11 @@ class BatchReceiver:
     def settled(self) -> int:
         """Body bytes from the start that no writer needs any more (hashed and written)."""
         writers = [w for w, _ in self.uploads] + [self.writer] * (self.writer is not None)
-        while self.unsettled < len(writers) and \
-                writers[self.unsettled].settled == writers[self.unsettled].size and \
-                writers[self.unsettled] is not self.writer:
+        while self.unsettled < len(writers):
+            writer = writers[self.unsettled]
+            writer.lagging()  # brings its `settled` up to date
+            if writer is self.writer or writer.settled < writer.size:
+                break
             self.unsettled += 1
         if self.unsettled < len(writers):
             return self.starts[self.unsettled] + writers[self.unsettled].settled

@@ -258,6 +258,24 @@ def test_listener_keep_alive_pipelining_and_100_continue(listener):
     assert files(listener.store.directory) == [id_hex]
 
 
+def test_listener_batch_of_large_blobs(listener):
+    """Several pipelined blobs in one `POST` (receive buffers shared between them, given
+    back as each writer is done with them): all stored bit for bit."""
+    rng = np.random.default_rng(6)
+    blobs = [encode_array(rng.standard_normal(n).astype(np.float32))
+             for n in (3 << 18, 5, (5 << 18) + 3)]
+    body = b"".join(len(b).to_bytes(8, "little") + b + hashlib.sha256(b).digest()
+                    for b in blobs)
+    conn = http.client.HTTPConnection("127.0.0.1", listener.port)
+    conn.request("POST", "/blobs/", body)
+    response = conn.getresponse()
+    ids = ["0x" + hashlib.sha256(b).hexdigest() for b in blobs]
+    assert (response.status, json.loads(response.read())) == (200, {"ids": ids})
+    conn.close()
+    for id_, blob in zip(ids, blobs, strict=True):
+        assert (listener.store.directory / id_[2:]).read_bytes() == blob
+
+
 def test_listener_refusals_keep_or_close_the_connection(listener):
     """A refused body is read and dropped so the connection serves the next request; a
     client waiting for `100 Continue` is refused at once and the connection closed; what the
