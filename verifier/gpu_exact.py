@@ -575,6 +575,13 @@ def _alignment(M) -> int:
     return 16 if ptr % 16 == 0 else 4 if ptr % 4 == 0 else 1
 
 
+def _arch() -> int:
+    """The current device's compute capability as 10 major + minor (90 for an H100)."""
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
+
+
 def _uses_bytes(dtype: np.dtype, cols: int, alignment: int) -> bool:
     return dtype == INT8 and cols % 4 == 0 and cols <= MAX_BYTES_COLS and alignment >= 4
 
@@ -621,7 +628,7 @@ class Pass(NamedTuple):
 
 @lru_cache(maxsize=64)
 def _pass(dtype: np.dtype, rows: int, cols: int, alignment: int, rounds: int, bound: int,
-          check: bool) -> Pass:
+          check: bool, arch: int) -> Pass:
     """The constants and launch of one pass, computed once per shape, type and bound."""
     use_bytes = _uses_bytes(dtype, cols, alignment)
     if use_bytes:
@@ -631,7 +638,7 @@ def _pass(dtype: np.dtype, rows: int, cols: int, alignment: int, rounds: int, bo
         limbs = -(-61 // width)
     vec = 4 if words % 4 == 0 and alignment == 16 and (use_bytes or dtype.itemsize == 4) else 1
     launch = LAUNCH["bytes" if use_bytes else "wide", vec]
-    mma = use_bytes and vec == 4 and cols <= MMA_MAX_COLS
+    mma = use_bytes and vec == 4 and cols <= MMA_MAX_COLS and arch >= 80  # mma.sync s8: sm_80+
     if mma:  # groups of 16 rows, 4 sums per group and round
         rpw = rows_per_warp(launch, 4 * rounds)
         block_rows, unit = 16 * rpw, 16 * launch.warps * launch.unroll
@@ -678,7 +685,7 @@ def residues(M, V, vj: int, vq: int, rounds: int, bound: int, limit: int | None,
     of (M V) mod p with out into verdict. limit: entries of M above it in magnitude mark
     their row (bound is then limit)."""
     rows, cols = M.shape
-    one = _pass(M.dtype, rows, cols, _alignment(M), rounds, bound, limit is not None)
+    one = _pass(M.dtype, rows, cols, _alignment(M), rounds, bound, limit is not None, _arch())
     _single_kernel(one)((one.blocks,), (one.threads,),
                         (M, V, np.int64(vj), np.int64(vq), out, out, verdict, np.int64(rows),
                          np.int64(cols), np.int64(limit or 0), np.int32(compare)))
@@ -746,9 +753,10 @@ def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
     (dtype_a, dtype_b, dtype_c), (align_a, align_b, align_c) = dtypes, alignments
     bound_b, bound_c, bound_a = bounds
     check_c = product_bound < bound_c
-    b = _pass(dtype_b, k, n, align_b, rounds, bound_b, False)
-    c = _pass(dtype_c, m, n, align_c, rounds, min(bound_c, product_bound), check_c)
-    a = _pass(dtype_a, m, k, align_a, rounds, bound_a, False)
+    arch = _arch()
+    b = _pass(dtype_b, k, n, align_b, rounds, bound_b, False, arch)
+    c = _pass(dtype_c, m, n, align_c, rounds, min(bound_c, product_bound), check_c, arch)
+    a = _pass(dtype_a, m, k, align_a, rounds, bound_a, False, arch)
     assert a.threads == b.threads == c.threads  # LAUNCH: one block size for every pass
     kernel = _fused_kernel(a, b, c)
     keccak_blocks = -(-32 * -(-n * rounds // BLOCK_WORDS) // a.threads)
