@@ -18,6 +18,7 @@ commit (fsync), and one cut short stores nothing. `/info` advertises it as `blob
 """
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -25,6 +26,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from http import HTTPStatus
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 from chain.blobhttp import FRAME_LENGTH, BatchReceiver, commit_reply, not_found
@@ -271,7 +273,7 @@ class BlobServer:
                 self._send(sock, file, size)
         return True
 
-    def _send(self, sock: socket.socket, file, size: int) -> None:
+    def _send(self, sock: socket.socket, file: BinaryIO, size: int) -> None:
         """A blob's bytes: a large one read with O_DIRECT into pool buffers (it was most
         likely written that way, so it is not in the page cache, and filling the cache
         costs more here than reading the disk: 12-20 ms per 16 MiB against 18-49 for
@@ -289,7 +291,14 @@ class BlobServer:
         try:
             sent = 0
             while sent < size:
-                n = os.preadv(fd, [buffer], sent)
+                try:
+                    n = os.preadv(fd, [buffer], sent)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self.store.direct_io = False  # opened with O_DIRECT, cannot read so
+                    sock.sendfile(file, sent, size - sent)
+                    return
                 if n == 0:
                     raise ConnectionAbortedError(f"blob file {file.name} shorter than {size}")
                 sock.sendall(memoryview(buffer)[:n])
