@@ -136,6 +136,27 @@ def test_batched_updates_match_py_trie(key_kind, seed):
     assert root == BLANK_ROOT_HASH
 
 
+def test_update_splits_extensions_like_py_trie():
+    """Inserts only (no deletion) that leave an extension's shared path at its first nibble,
+    at a later one, at its end, or before it ends: the branch made at the split must collapse
+    again when it keeps one child (a fast path for branches that lose nothing must not apply
+    to it)."""
+    base = [bytes.fromhex("12ab") + b"\1" * 30, bytes.fromhex("12cd") + b"\2" * 30]
+    inserts = [[bytes.fromhex("13") + b"\3" * 31], [bytes.fromhex("23") + b"\3" * 31],
+               [bytes.fromhex("12ab") + b"\4" * 30], [b"\x12"], [b"\x12\xab"],
+               [bytes.fromhex("13") + b"\3" * 31, bytes.fromhex("1234") + b"\5" * 30],
+               [bytes.fromhex("1f") + b"\3" * 31, b"\x12\xcd"]]
+    for keys in inserts:
+        db: dict = {}
+        reference = HexaryTrie({})
+        for key in base:
+            reference[key] = b"v" * 40
+        root = update_trie(db, BLANK_ROOT_HASH, dict.fromkeys(base, b"v" * 40))
+        for key in keys:
+            reference[key] = b"w" * 40
+        assert update_trie(db, root, dict.fromkeys(keys, b"w" * 40)) == reference.root_hash
+
+
 def test_flat_account_storage_matches_py_evm():
     """Random storage writes (zeroing slots included), reverted checkpoints and wiped
     accounts over several blocks, into storage tries of a few hundred slots: the same state
