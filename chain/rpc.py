@@ -629,7 +629,7 @@ class NodeApp:
             return
         node, rpc = self.node, self.rpc
 
-        def sealed() -> dict:  # one thread hop: the event loop shares the GIL with sealing
+        def sealed() -> dict:
             head = node.wait_for_block(block, timeout)
             answer = {"head": head, "gas_price": node.gas_price}
             if logs is not None and head >= block:
@@ -650,8 +650,16 @@ class NodeApp:
             return {"head": node.head().block_number, "gas_price": node.gas_price,
                     "receipt": receipts[0], "receipts": receipts}
 
-        answer = await anyio.to_thread.run_sync(mined if tx_hashes else sealed,
-                                                limiter=self.waiters)
+        wait = mined if tx_hashes else sealed
+        if tx_hashes:
+            ready = not any(h in node.mempool.by_hash for h in tx_hashes)
+        else:
+            ready = node.head().block_number >= block
+        if ready:  # answered here, without the two thread hand-offs (each may wait for the
+            # GIL while a block seals: a client often asks once its block is already sealed)
+            answer = wait()
+        else:
+            answer = await anyio.to_thread.run_sync(wait, limiter=self.waiters)
         await json_reply(send, 200, answer)
 
 
