@@ -305,8 +305,10 @@ class PoUWTransactionExecutor(PragueTransactionExecutor):
 
 def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
     """A Chain class whose VM verifies matmul results against this blob store. ``fast``: the
-    opcode loop of ``chain.interpreter`` and the flat state of ``chain.flatstate`` (tries
-    updated once per block); ``fast=False``: stock py-evm for both (same results, tested)."""
+    opcode loop of ``chain.interpreter``, the flat state of ``chain.flatstate`` (tries
+    updated once per block), the node's block finishing (``PoUWFastVM``) and ChainDB
+    (``chain.db.NodeChainDB``); ``fast=False``: stock py-evm for all of them (same blocks,
+    tested)."""
     computation = type(
         "PoUWComputation",
         (FastComputation if fast else PragueComputation,),
