@@ -88,8 +88,10 @@ class ChainClient:
         )
         self.account = Account.from_key(private_key) if private_key is not None else None
         self._key = coincurve.PrivateKey(self.account.key) if self.account else None
+        # the blob listener's port may not be reachable from here (a compose network
+        # publishes only the RPC port): /blobs on the RPC port then serves the same store
         self.blobs = BlobClient(self.info.get("blob_url", f"{self.url}/blobs"),
-                                max_blob_bytes, timeout)
+                                max_blob_bytes, timeout, fallback_url=f"{self.url}/blobs")
         self.timeout = timeout
         self._nonce: int | None = None
         self._fee: tuple[float, int] | None = None

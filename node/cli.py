@@ -67,18 +67,24 @@ def devnet_up(
         ".needle-net/devnet"),
     port: Annotated[int, typer.Option(help="Chain JSON-RPC port.")] = 8545,
     block_time: Annotated[float, typer.Option(help="Seconds between blocks.")] = 0.5,
+    blob_port: Annotated[int | None, typer.Option(
+        help="Port of the chain's blob listener (default: the JSON-RPC port + 1, else any "
+             "free port; 0: any free port).")] = None,
 ) -> None:
     """Start a chain node and N workers as local processes; Ctrl-C stops them all.
 
     Example: [bold]needle-net devnet up --workers 3[/bold]
     """
+    import httpx
+
     from node.devnet import Devnet
 
     signal.signal(signal.SIGTERM, _exit_on_signal)  # leave through `with`: stop the children
-    with Devnet(data_dir, port=port, block_time=block_time) as net:
+    with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port) as net:
         net.start(workers)
         table = Table("process", "address", "API / dashboard")
         table.add_row("chain", "", net.rpc_url)
+        table.add_row("blob store", "", httpx.get(f"{net.rpc_url}/info").json()["blob_url"])
         for w in net.workers:
             table.add_row(f"worker {w.index}", w.address, w.api_url)
         console.print(table)

@@ -178,7 +178,6 @@ class Market:
         self.w3 = self.client.w3
         self.contract = self.client.market
         self.max_blob_bytes = max_blob_bytes
-        self.blob_url = self.client.info.get("blob_url", f"{self.client.url}/blobs").rstrip("/")
         self.blobs = self.client.blobs
         self.events = EventDecoder(self.contract.abi)
 

@@ -396,3 +396,47 @@ def test_client_falls_back_when_nothing_listens_at_the_blob_url(listener):
         np.testing.assert_array_equal(client.get_array(id_), array)
     client.close()
     assert sorted(files(listener.store.directory)) == sorted(id_.hex() for id_ in ids)
+
+
+def test_chain_client_reaches_blobs_through_the_rpc_port_when_the_blob_port_is_unpublished(
+        tmp_path):
+    """Like a compose network seen from the host: only the RPC port is forwarded (here to
+    127.0.0.2, where the node's blob port has no listener), /info advertises the blob port at
+    the host the client used, and the client falls back to /blobs on the RPC port."""
+    from chain.client import ChainClient
+
+    with NodeProcess(tmp_path / "data", block_time=0) as node, \
+            socket.create_server(("127.0.0.2", 0)) as front:
+        front.settimeout(0.2)
+
+        def pipe(src: socket.socket, dst: socket.socket) -> None:
+            with src, dst:
+                while data := src.recv(1 << 16):
+                    dst.sendall(data)
+                dst.shutdown(socket.SHUT_WR)
+
+        def forward(stop_at: float) -> None:
+            while time.monotonic() < stop_at and front.fileno() != -1:  # bounded
+                try:
+                    conn, _ = front.accept()
+                except (TimeoutError, OSError):
+                    continue
+                conn.settimeout(None)
+                back = socket.create_connection(("127.0.0.1", node.port))
+                for a, b in ((conn, back), (back, conn)):
+                    pool.submit(pipe, a, b)
+
+        with futures.ThreadPoolExecutor(16) as pool:
+            done = pool.submit(forward, time.monotonic() + 30)
+            url = f"http://127.0.0.2:{front.getsockname()[1]}"
+            client = ChainClient(url)
+            assert urlsplit(client.info["blob_url"]).hostname == "127.0.0.2"
+            assert urlsplit(client.info["blob_url"]).port != front.getsockname()[1]
+            array = np.arange(50_000, dtype=np.float32).reshape(250, 200)
+            id_ = client.put_blob(array)
+            assert client.blobs.connections is client.blobs.fallback
+            np.testing.assert_array_equal(client.blobs.get_array(id_), array)
+            assert id_.hex() in files(node.data_dir / "blobs")
+            client.close()
+            front.close()
+            done.result(timeout=35)
