@@ -1,4 +1,8 @@
-"""Test helpers shared by the framework tests: float32 tensors and finite differences."""
+"""Test helpers shared by several test files: float32 tensors and finite differences for the
+framework tests, a node serving blobs for the blob tests."""
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 
 import needle as ndl
@@ -21,3 +25,23 @@ def numeric_grad(f, arrays, i, eps=1e-6) -> np.ndarray:
         arrays[i][idx] = old
         grad[idx] = (up - down) / (2 * eps)
     return grad
+
+
+BLOB_SERVERS = ("listener", "main port")  # the node's two blob servers
+
+
+@contextmanager
+def blob_node(data_dir, served_by: str, limit_mb: int) -> Iterator:
+    """A node process whose `blob_port` is the blob server under test: the listener /info
+    advertises (chain/blobserver.py) or /blobs on the main port (chain/blobhttp.py)."""
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    from chain.launch import NodeProcess
+
+    with NodeProcess(data_dir, block_time=0, extra_args=("--max-blob-mb", str(limit_mb))) as proc:
+        listener = urlsplit(httpx.get(f"{proc.url}/info").json()["blob_url"]).port
+        assert listener != proc.port
+        proc.blob_port = listener if served_by == "listener" else proc.port
+        yield proc

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
+from helpers import BLOB_SERVERS, blob_node
 
 from chain.blobhttp import BlobClient, _AlreadyStored, _HashedFrame
 from chain.blobs import PIPELINE_BYTES, BlobStore, encode_array
@@ -127,18 +128,10 @@ def test_writer_with_aligned_buffers_writes_them_direct(tmp_path, lead):
     assert files(tmp_path) == [id_.hex()]
 
 
-@pytest.fixture(scope="module", params=["listener", "main port"])
-def served_by(request) -> str:
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, served_by):
+@pytest.fixture(scope="module", params=BLOB_SERVERS)
+def node(tmp_path_factory, request):
     """A node per blob server under test; `node.blob_port` is that server's port."""
-    data = tmp_path_factory.mktemp("chain") / "data"
-    with NodeProcess(data, block_time=0, extra_args=("--max-blob-mb", str(LIMIT_MB))) as proc:
-        blob_url = httpx.get(f"{proc.url}/info").json()["blob_url"]
-        proc.blob_port = urlsplit(blob_url).port if served_by == "listener" else proc.port
+    with blob_node(tmp_path_factory.mktemp("chain") / "data", request.param, LIMIT_MB) as proc:
         yield proc
 
 

@@ -6,41 +6,28 @@ the same clear errors and leave nothing behind."""
 import hashlib
 import http.client
 import json
-from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 import pytest
+from helpers import BLOB_SERVERS, blob_node
 
 from chain.blobhttp import HASH_THREADS, BlobClient, BlobError, BlobNotFound
 from chain.blobs import encode_array
-from chain.launch import NodeProcess
 
 pytestmark = pytest.mark.timeout(60)
 LIMIT_MB = 4
 
 
-@pytest.fixture(scope="module", params=["listener", "main port"])
-def served_by(request) -> str:
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, served_by):
+@pytest.fixture(scope="module", params=BLOB_SERVERS)
+def node(tmp_path_factory, request):
     """A node per blob server under test (each starts with an empty store)."""
-    data = tmp_path_factory.mktemp("chain") / "data"
-    with NodeProcess(data, block_time=0, extra_args=("--max-blob-mb", str(LIMIT_MB))) as proc:
+    with blob_node(tmp_path_factory.mktemp("chain") / "data", request.param, LIMIT_MB) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
-def blob_port(node, served_by) -> int:
-    """The port of the blob server under test."""
-    if served_by == "main port":
-        return node.port
-    port = urlsplit(httpx.get(f"{node.url}/info").json()["blob_url"]).port
-    assert port != node.port
-    return port
+def blob_port(node) -> int:
+    return node.blob_port
 
 
 @pytest.fixture(scope="module")
