@@ -639,22 +639,20 @@ class NodeApp:
             mark(f"rpc wait block {block} -> {head}")
             return answer
 
+        def left_mempool() -> bool:
+            return not any(h in node.mempool.by_hash for h in tx_hashes)
+
         def mined() -> dict:
-            mempool = node.mempool
             with node.new_head:
-                node.new_head.wait_for(
-                    lambda: not any(h in mempool.by_hash for h in tx_hashes), timeout)
-            receipts = [None if h in mempool.by_hash else rpc.recent_receipt(h)
+                node.new_head.wait_for(left_mempool, timeout)
+            receipts = [None if h in node.mempool.by_hash else rpc.recent_receipt(h)
                         for h in tx_hashes]
             mark("rpc wait tx done")
             return {"head": node.head().block_number, "gas_price": node.gas_price,
                     "receipt": receipts[0], "receipts": receipts}
 
         wait = mined if tx_hashes else sealed
-        if tx_hashes:
-            ready = not any(h in node.mempool.by_hash for h in tx_hashes)
-        else:
-            ready = node.head().block_number >= block
+        ready = left_mempool() if tx_hashes else node.head().block_number >= block
         if ready:  # answered here, without the two thread hand-offs (each may wait for the
             # GIL while a block seals: a client often asks once its block is already sealed)
             answer = wait()

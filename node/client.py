@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 
 import numpy as np
 from eth_account import Account
 
-from chain.blobs import blob_id, encode_array
 from chain.timeline import mark
 from node.market import (
     DEFAULT_MAX_BLOB_BYTES,
@@ -155,20 +153,16 @@ class JobClient:
         precisions = ["fp32" if a.dtype == np.float32 else "exact" for a, _ in pairs]
         arrays = [x for pair in pairs for x in pair]
         signing = None
-        if sum(x.nbytes for x in arrays) <= PRESIGN_BYTES:
-            # small operands: their ids are hashed here and the submission is signed on a
-            # pool thread while this one uploads them (and waits for the store's fsync); it
-            # is sent only once the store has acknowledged them
-            hashed = [blob_id(encode_array(x)) for x in arrays]
-            signing = self._pool.submit(self._sign_submission, hashed, shapes, precisions)
         try:
-            flat = self.market.put_arrays(arrays)
-            if signing and flat != hashed:
-                raise ValueError("the blob store acknowledged other ids than the operands'")
+            if sum(x.nbytes for x in arrays) <= PRESIGN_BYTES:
+                # small operands: the submission is signed on a pool thread while this one
+                # uploads them (and waits for the store's fsync)
+                flat, signing = self.market.put_arrays_signing(
+                    arrays, lambda ids: self._sign_submission(ids, shapes, precisions),
+                    self._pool)
+            else:
+                flat = self.market.put_arrays(arrays)
         except Exception as err:
-            if signing:
-                wait_for([signing])
-                self.market.client.forget_nonce()  # the submission is never sent
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()
         mark("job uploaded")

@@ -9,6 +9,9 @@ check on both ends.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -21,6 +24,7 @@ from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3.datastructures import AttributeDict
 
+from chain.blobs import blob_id, encode_array
 from chain.client import ChainClient, TransactionReverted
 from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
 
@@ -357,6 +361,25 @@ class Market:
     def put_arrays(self, arrays: list[np.ndarray]) -> list[bytes]:
         """Upload many arrays; small ones travel batched, several per request."""
         return self.blobs.put_arrays(arrays, UPLOAD_THREADS)
+
+    def put_arrays_signing(self, arrays: list[np.ndarray], sign: Callable[[list[bytes]], tuple],
+                           pool: Executor, put: Callable[[list], list[bytes]] | None = None
+                           ) -> tuple[list[bytes], Future]:
+        """Upload small arrays (`put`, by default `put_arrays`) while `sign(ids)` signs the
+        transaction naming them on `pool`, with their ids hashed here: (ids, the signing).
+        The transaction may be sent once this returns, the store having acknowledged exactly
+        these ids (one naming a missing blob must never go out); if the upload fails, the
+        signature is dropped with its nonce."""
+        ids = [blob_id(encode_array(a)) for a in arrays]
+        signing = pool.submit(sign, ids)
+        try:
+            if (put or self.put_arrays)(arrays) != ids:
+                raise ValueError("the blob store acknowledged other ids than the arrays'")
+        except BaseException:
+            wait_for([signing])
+            self.client.forget_nonce()  # the signed transaction is never sent
+            raise
+        return ids, signing
 
     def get_blob(self, id_: bytes) -> bytearray:
         """A blob's bytes (size limit and sha256 checked); BlobError otherwise."""

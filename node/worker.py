@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import numpy as np
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
-from chain.blobs import blob_id, encode_array
 from chain.timeline import mark
 from node import compute
 from node.market import (
@@ -502,17 +500,9 @@ class Worker:
             c_ids = self._retry(self.chain.put_arrays, results)
             mark("worker uploaded")
             return self._retry(self.chain.post_with_gas, gas, "commitJobs", job_ids, c_ids)
-        c_ids = [blob_id(encode_array(c)) for c in results]
-        signing = self._blob_pool.submit(self.chain.sign_with_gas, gas, "commitJobs", job_ids,
-                                         c_ids)
-        try:
-            stored = self._retry(self.chain.put_arrays, results)
-            if stored != c_ids:
-                raise ValueError("the blob store acknowledged other ids than the results'")
-        except BaseException:
-            wait_for([signing])
-            self.chain.client.forget_nonce()  # the signed commit is never sent
-            raise
+        c_ids, signing = self.chain.put_arrays_signing(
+            results, lambda ids: self.chain.sign_with_gas(gas, "commitJobs", job_ids, ids),
+            self._blob_pool, put=lambda arrays: self._retry(self.chain.put_arrays, arrays))
         mark("worker uploaded")
         try:
             return self.chain.post_signed(signing.result())
