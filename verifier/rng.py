@@ -42,10 +42,10 @@ def as_seed(seed: bytes | bytearray | memoryview | None) -> bytes:
     return seed
 
 
-def stream(seed: bytes, label: bytes, nbytes: int) -> bytes:
+def stream(seed: bytes, label: bytes, nbytes: int, domain: bytes = DOMAIN) -> bytes:
     """The first nbytes of the stream for (seed, label); a longer request extends a shorter
     one (an XOF's output is one infinite string)."""
-    return hashlib.shake_128(DOMAIN + len(seed).to_bytes(8, "big") + seed + label).digest(nbytes)
+    return hashlib.shake_128(domain + len(seed).to_bytes(8, "big") + seed + label).digest(nbytes)
 
 
 def derive_seed(seed: bytes, label: bytes) -> bytes:
@@ -83,8 +83,7 @@ def field_label(n: int, rounds: int) -> bytes:
 def field_key(seed: bytes, n: int, rounds: int) -> bytes:
     """The 32 bytes every block of a field vector is derived from: SHAKE128 of
     FIELD_KEY_DOMAIN || len(seed) (8 bytes big-endian) || seed || field_label(n, rounds)."""
-    return hashlib.shake_128(FIELD_KEY_DOMAIN + len(seed).to_bytes(8, "big") + seed
-                             + field_label(n, rounds)).digest(32)
+    return stream(seed, field_label(n, rounds), 32, FIELD_KEY_DOMAIN)
 
 
 def field_blocks(key: bytes, first: int, count: int) -> bytes:
