@@ -14,7 +14,6 @@ along a job's path (chain/timeline.py) and prints the merged timeline of the las
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import socket
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from chain import timeline
-from chain.blobs import encode_array
+from chain.blobs import blob_id, encode_array
 from node.client import JobClient
 from node.devnet import Devnet
 
@@ -195,7 +194,7 @@ def latency(client: JobClient, rng, sizes: list[int], raw: float) -> None:
         blobs = [encode_array(rng.standard_normal((n, n)).astype(np.float32))
                  for _ in range(3)]
         up = min(timed(market.blobs.put, data) for data in blobs)
-        ids = [hashlib.sha256(data).digest() for data in blobs]
+        ids = [blob_id(data) for data in blobs]
         down = min(timed(market.blobs.get, id_) for id_ in ids)
         size = len(blobs[0])
         print(f"{n:>6} {local:>9.4f} {remote:>9.3f} {remote / local:>8.1f} "

@@ -10,7 +10,6 @@ bytes) and receives into one preallocated buffer of the announced size, hashing 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import http.client
 import json
 import struct
@@ -25,6 +24,7 @@ from chain.blobs import (
     BlobStore,
     BlobTooLarge,
     BlobWriter,
+    blob_hasher,
     decode_array,
     encode_header,
     parse_id,
@@ -33,7 +33,7 @@ from chain.keepalive import Connections
 
 CHUNK = 4 << 20
 STREAM_BYTES = 1 << 20  # from this size an upload goes alone, hashed while it is sent
-FRAME_LENGTH = struct.Struct("<Q")  # a batch frame: <u64 length><blob><sha256 of the blob>
+FRAME_LENGTH = struct.Struct("<Q")  # a batch frame: <u64 length><blob><its id>
 ID_BYTES = 32
 MAX_BATCH_BLOBS = 256  # blobs per POST (each holds a temp file open until the batch commits)
 BATCH_BYTES = 8 << 20  # the client batches blobs below STREAM_BYTES up to this much
@@ -53,7 +53,7 @@ class BlobNotFound(BlobError, KeyError):
 
 class BatchReceiver:
     """The body of `POST <mount>`: several blobs, each framed as <u64 length><blob>
-    <sha256(blob)>. The id follows the bytes, so a sender can hash while it sends; each blob
+    <blob_id(blob)>. The id follows the bytes, so a sender can hash while it sends; each blob
     goes to a `BlobWriter` as it arrives and is stored (`BlobStore.commit_uploads`) only if
     it matches. Fed the body in pieces by either server (`feed`), which between pieces
     hashes and writes the small blobs held (`finish_held`, when `holds_too_much`) and waits
@@ -283,11 +283,11 @@ async def json_reply(send, status: int, body, head: bool = False) -> None:
 
 
 class _Hasher:
-    """sha256 of a buffer that is being filled, on a thread of its own for large blobs:
-    hashlib releases the GIL, so chunk i is hashed while the socket fills chunk i+1."""
+    """The id of a buffer that is being filled, on a thread of its own for large blobs: the
+    hasher releases the GIL, so chunk i is hashed while the socket fills chunk i+1."""
 
     def __init__(self, size: int) -> None:
-        self.digest = hashlib.sha256()
+        self.digest = blob_hasher()
         self.done = 0  # bytes handed over for hashing
         self.pool = ThreadPoolExecutor(1) if size >= HASH_THREAD_BYTES else None
 
@@ -304,8 +304,9 @@ class _Hasher:
         return self.digest.digest()
 
 
-def _sha256(views: list[memoryview]) -> bytes:
-    digest = hashlib.sha256()
+def _blob_id(views: list[memoryview]) -> bytes:
+    """`blob_id` of the blob made of `views` in order (not concatenated)."""
+    digest = blob_hasher()
     for view in views:
         digest.update(view)
     return digest.digest()
@@ -316,7 +317,7 @@ class _AlreadyStored(Exception):
 
 
 class _HashedFrame:
-    """One blob framed for `POST` as <u64 length><blob><sha256>. A thread of `pool` hashes it
+    """One blob framed for `POST` as <u64 length><blob><id>. A thread of `pool` hashes it
     (one call per buffer: 1 MiB steps cost ~30 % more client CPU for no gain here) while the
     socket sends it (both release the GIL), then asks the store (`stored`, a HEAD) whether it
     has the blob; if so, the upload stops at the next `SEND_STEP`, so a repeated blob costs
@@ -334,7 +335,7 @@ class _HashedFrame:
         return self.hashing.result()
 
     def _hash(self) -> bytes:
-        return _sha256(self.views)
+        return _blob_id(self.views)
 
     def _ask(self, hashing: Future) -> None:
         self.asking = self.pool.submit(self._stored, hashing.result())
@@ -418,7 +419,7 @@ class BlobClient:
 
     def put_parts(self, parts: list) -> bytes:
         """Upload a blob given as consecutive byte buffers; returns its id. From
-        `STREAM_BYTES` on, the blob is hashed while it is sent (`POST` framing, its sha256
+        `STREAM_BYTES` on, the blob is hashed while it is sent (`POST` framing, its id
         after its bytes) instead of before (`PUT` to its id), and not sent to the end if the
         store turns out to have it."""
         views, size = self._checked_size(parts)
@@ -431,7 +432,7 @@ class BlobClient:
                 return frame.id  # the connection, left mid-body, was closed
             id_ = frame.id
         else:
-            id_ = _sha256(views)
+            id_ = _blob_id(views)
             response = self._request("PUT", id_, views, size)
         body = response.read()
         if response.status != 200:
@@ -450,7 +451,7 @@ class BlobClient:
         frames, ids = [], []
         for parts in blobs:
             views, size = self._checked_size(parts)
-            ids.append(_sha256(views))
+            ids.append(_blob_id(views))
             frames += [FRAME_LENGTH.pack(size), *views, ids[-1]]
         # one buffer: small blobs as separate sends would each be a syscall and a segment
         body = b"".join(frames)
@@ -515,7 +516,7 @@ class BlobClient:
 
     def get(self, id_: bytes) -> bytearray:
         """The blob's bytes, read into one buffer and hashed as they arrive; BlobError if the
-        store does not have it, it is over the size limit, or its sha256 is not `id_`."""
+        store does not have it, it is over the size limit, or its id is not `id_`."""
         response = self._request("GET", id_)
         if response.status != 200:
             body = response.read()

@@ -2,15 +2,15 @@
 
 A blob is ``b"NNB1"`` + dtype code (1 byte) + ndim (1 byte) + 2 zero bytes +
 ndim little-endian uint64 dims + the raw little-endian C-order array bytes.
-Its id is ``sha256(blob)``: the hash covers the bytes, the shape and the dtype,
-so a blob id names exactly one array.
+Its id is ``BLAKE3-256(blob)`` (ids v2; v1 was sha256): the hash covers the bytes, the shape
+and the dtype, so a blob id names exactly one array. `blob_id` and `blob_hasher` are the only
+places that name the algorithm; every sender and receiver hashes through them.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import errno
-import hashlib
 import os
 import struct
 import tempfile
@@ -18,6 +18,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import blake3
 import numpy as np
 
 MAGIC = b"NNB1"
@@ -97,9 +98,16 @@ def decode_array(blob: bytes | bytearray) -> np.ndarray:
     return np.frombuffer(blob, dtype=dtype, offset=offset).reshape(shape)
 
 
-def blob_id(blob: bytes) -> bytes:
-    """The 32-byte content address of a blob."""
-    return hashlib.sha256(blob).digest()
+def blob_id(blob: bytes | bytearray | memoryview) -> bytes:
+    """The 32-byte content address of a blob: its BLAKE3-256."""
+    return blob_hasher().update(blob).digest()
+
+
+def blob_hasher() -> blake3.blake3:
+    """An incremental blob id: ``update(chunk)`` with the blob's bytes in order, then
+    ``digest()``, the 32-byte id. It releases the GIL, so a thread can hash received chunks
+    while another receives the next ones."""
+    return blake3.blake3()
 
 
 def parse_id(text_or_bytes: str | bytes) -> bytes:
@@ -198,12 +206,12 @@ class BlobStore:
 
 class BlobWriter:
     """Receives one blob in chunks and writes it to a temp file (the body is never held in
-    memory), then fsyncs and renames the file into place once the size, the sha256 and the
+    memory), then fsyncs and renames the file into place once the size, the id and the
     header check out. Any failure leaves nothing behind. The rename is durable only after
     the store's `sync_directory()`.
 
     A blob from `PIPELINE_BYTES` on is a pipeline: every `PIPELINE_BYTES` received go to a
-    hash thread and a write thread (hashlib and os.write release the GIL), so chunk i is
+    hash thread and a write thread (the hasher and os.write release the GIL), so chunk i is
     hashed and written while chunk i+1 is received; the write thread also starts the
     disk's write-back every `WRITEBACK_BYTES`, so the final fdatasync has little left to
     flush. Smaller blobs are hashed and written by `check()`, on the caller's thread.
@@ -219,7 +227,7 @@ class BlobWriter:
     def __init__(self, store: BlobStore) -> None:
         self.store = store
         self.id: bytes | None = None  # set once the body checked out
-        self.digest = hashlib.sha256()
+        self.digest = blob_hasher()
         self.size = 0
         self.prefix = bytearray()  # the first bytes, enough for the header and dims
         self.fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
@@ -348,7 +356,7 @@ class BlobWriter:
         try:
             self.finish()
             if self.digest.digest() != id_:
-                raise ValueError(f"sha256 of the body is 0x{self.digest.hexdigest()}, "
+                raise ValueError(f"BLAKE3 of the body is 0x{self.digest.hexdigest()}, "
                                  f"not 0x{id_.hex()}")
             dtype, shape, offset = parse_header(self.prefix)
             check_size(dtype, shape, self.size - offset)

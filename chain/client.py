@@ -313,7 +313,7 @@ class ChainClient:
         return self.blobs.put_array(array_or_bytes)
 
     def get_blob_bytes(self, id_: bytes | str) -> bytearray:
-        """Download a blob and check that its sha256 matches the id (KeyError if missing)."""
+        """Download a blob and check that its bytes hash to the id (KeyError if missing)."""
         return self.blobs.get(parse_id(id_))
 
     def get_blob(self, id_: bytes | str) -> np.ndarray:

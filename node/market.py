@@ -382,7 +382,7 @@ class Market:
         return ids, signing
 
     def get_blob(self, id_: bytes) -> bytearray:
-        """A blob's bytes (size limit and sha256 checked); BlobError otherwise."""
+        """A blob's bytes (size limit and id checked); BlobError otherwise."""
         return self.blobs.get(id_)
 
     def get_array(self, id_: bytes) -> np.ndarray:

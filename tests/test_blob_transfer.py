@@ -1,13 +1,12 @@
 """The pipelined blob transfer: `BlobWriter` hashing and writing on threads, through the
-page cache or with O_DIRECT (against hashlib and the bytes themselves), and large uploads
-hashed while sent (`POST` framing, the sha256 after the bytes) through a real node process,
+page cache or with O_DIRECT (against the blake3 package and the bytes themselves), and large uploads
+hashed while sent (`POST` framing, the id after the bytes) through a real node process,
 by its blob listener and by its main port: round trips bit for bit, a wrong or missing
 trailing hash or a cut connection stores nothing and leaves no temp file; a blob the store
 already has stops being sent once its hash is known. Then the listener's HTTP/1.1 itself
 (`chain/blobserver.py`, a real server on 127.0.0.1): keep-alive and pipelined requests,
 `Expect: 100-continue`, refused requests with the connection kept or closed as they must
 be, shutdown in the middle of an upload, and how `chain up` picks and advertises its port."""
-import hashlib
 import http.client
 import json
 import mmap
@@ -19,6 +18,7 @@ import time
 from concurrent import futures
 from urllib.parse import urlsplit
 
+import blake3
 import httpx
 import numpy as np
 import pytest
@@ -49,9 +49,9 @@ def wait_for_files(directory, expected: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("mib", [0.25, 3, 21])
-def test_writer_in_uneven_chunks_matches_hashlib(tmp_path, mib):
+def test_writer_in_uneven_chunks_matches_blake3(tmp_path, mib):
     """Chunks of uneven sizes (below, at and across the pipeline step): the stored file is
-    the bytes written and its id their sha256 (hashlib over the whole blob)."""
+    the bytes written and its id their BLAKE3 (the blake3 package over the whole blob)."""
     rng = np.random.default_rng(int(mib * 4))
     blob = encode_array(rng.integers(0, 255, int(mib * 2**20), dtype=np.uint8).view(np.int8))
     store = BlobStore(tmp_path, max_bytes=LIMIT_MB << 20)
@@ -61,7 +61,7 @@ def test_writer_in_uneven_chunks_matches_hashlib(tmp_path, mib):
         step = int(rng.integers(1, 3 * PIPELINE_BYTES // 2))
         writer.write(view[start:start + step])
         start += step
-    id_ = writer.commit(hashlib.sha256(blob).digest())
+    id_ = writer.commit(blake3.blake3(blob).digest())
     store.sync_directory()
     assert (tmp_path / id_.hex()).read_bytes() == blob
     assert files(tmp_path) == [id_.hex()]
@@ -72,9 +72,9 @@ def test_writer_refuses_a_wrong_hash_and_an_abort_leaves_nothing(tmp_path):
     store = BlobStore(tmp_path, max_bytes=LIMIT_MB << 20)
     writer = store.writer(len(blob))
     writer.write(blob)
-    with pytest.raises(ValueError, match="sha256 of the body is 0x" +
-                       hashlib.sha256(blob).hexdigest()):
-        writer.commit(hashlib.sha256(b"another blob").digest())
+    with pytest.raises(ValueError, match="BLAKE3 of the body is 0x" +
+                       blake3.blake3(blob).hexdigest()):
+        writer.commit(blake3.blake3(b"another blob").digest())
     half = store.writer()
     half.write(memoryview(blob)[:5 << 20])
     half.abort()  # mid-upload, steps still running
@@ -97,7 +97,7 @@ def test_a_failed_write_fails_the_upload_and_stores_nothing(tmp_path):
     with pytest.raises(OSError, match="No space left"):
         writer.lagging()
     with pytest.raises(OSError, match="No space left"):
-        writer.check(hashlib.sha256(blob).digest())
+        writer.check(blake3.blake3(blob).digest())
     assert wait_for_files(tmp_path, []) == []
 
 
@@ -105,7 +105,7 @@ def test_a_failed_write_fails_the_upload_and_stores_nothing(tmp_path):
 def test_writer_with_aligned_buffers_writes_them_direct(tmp_path, lead):
     """Page-aligned 1 MiB buffers (the listener's) then an odd tail: written with O_DIRECT
     where the filesystem allows it (the tail through the page cache), the file is the bytes
-    and the id their sha256. With an 8-byte chunk first (unaligned file offsets after it)
+    and the id their BLAKE3. With an 8-byte chunk first (unaligned file offsets after it)
     everything goes through the page cache, same result."""
     rng = np.random.default_rng(lead)
     blob = encode_array(rng.standard_normal(((3 << 20) + 1234) // 4).astype(np.float32))
@@ -122,7 +122,7 @@ def test_writer_with_aligned_buffers_writes_them_direct(tmp_path, lead):
     writer.finish()
     assert (writer.direct_fd >= 0) == (lead == 0 and store.direct_io)
     assert writer.settled == len(blob)
-    id_ = writer.commit(hashlib.sha256(blob).digest())
+    id_ = writer.commit(blake3.blake3(blob).digest())
     store.sync_directory()
     assert (tmp_path / id_.hex()).read_bytes() == blob
     assert files(tmp_path) == [id_.hex()]
@@ -138,13 +138,13 @@ def node(tmp_path_factory, request):
 def test_large_blobs_round_trip_hashed_while_sent(node):
     """A 21 MiB array (several read chunks, pipeline steps and write-backs) and arrays around
     the streaming threshold go up hashed while sent and come back bit for bit; the id is
-    the sha256 of numpy's encoding."""
+    the BLAKE3 of numpy's encoding."""
     client = BlobClient(f"http://127.0.0.1:{node.blob_port}/blobs", LIMIT_MB << 20)
     rng = np.random.default_rng(2)
     for n in ((21 << 20) // 4, (1 << 18) - 3, 1 << 18):  # 21 MiB, just below and at 1 MiB
         array = rng.standard_normal(n).astype(np.float32)
         id_ = client.put_array(array)
-        assert id_ == hashlib.sha256(encode_array(array)).digest()
+        assert id_ == blake3.blake3(encode_array(array)).digest()
         np.testing.assert_array_equal(client.get_array(id_), array)
         assert client.put_array(array) == id_  # again: the node keeps one copy
     client.close()
@@ -167,18 +167,18 @@ def test_streamed_upload_with_wrong_or_cut_trailer_stores_nothing(node):
         conn.close()
         return result
 
-    status, reply = post(framed + hashlib.sha256(blob + b"!").digest())
-    assert status == 400 and "sha256 of the body is 0x" + hashlib.sha256(blob).hexdigest() \
+    status, reply = post(framed + blake3.blake3(blob + b"!").digest())
+    assert status == 400 and "BLAKE3 of the body is 0x" + blake3.blake3(blob).hexdigest() \
         in reply["error"]
-    status, reply = post(framed + hashlib.sha256(blob).digest()[:31])
+    status, reply = post(framed + blake3.blake3(blob).digest()[:31])
     assert status == 400 and "ends inside blob 0" in reply["error"]
     with socket.create_connection(("127.0.0.1", node.blob_port)) as sock:  # cut mid-blob
         sock.sendall(b"POST /blobs/ HTTP/1.1\r\nHost: x\r\nContent-Length: "
                      + str(len(framed) + 32).encode() + b"\r\n\r\n" + framed[:2 << 20])
     assert wait_for_files(directory, before) == before
-    status, reply = post(framed + hashlib.sha256(blob).digest())
-    assert status == 200 and reply["ids"] == ["0x" + hashlib.sha256(blob).hexdigest()]
-    assert (directory / hashlib.sha256(blob).hexdigest()).read_bytes() == blob
+    status, reply = post(framed + blake3.blake3(blob).digest())
+    assert status == 200 and reply["ids"] == ["0x" + blake3.blake3(blob).hexdigest()]
+    assert (directory / blake3.blake3(blob).hexdigest()).read_bytes() == blob
 
 
 def test_a_blob_the_store_has_stops_being_sent(node):
@@ -229,7 +229,7 @@ def read_response(reader, head: bool = False) -> tuple[int, dict[str, str], byte
 
 def test_listener_keep_alive_pipelining_and_100_continue(listener):
     blob = encode_array(np.random.default_rng(5).standard_normal(300_001).astype(np.float32))
-    id_hex = hashlib.sha256(blob).hexdigest()
+    id_hex = blake3.blake3(blob).hexdigest()
     with socket.create_connection(("127.0.0.1", listener.port)) as sock:
         reader = sock.makefile("rb")
         sock.sendall(f"PUT /blobs/0x{id_hex} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
@@ -257,12 +257,12 @@ def test_listener_batch_of_large_blobs(listener):
     rng = np.random.default_rng(6)
     blobs = [encode_array(rng.standard_normal(n).astype(np.float32))
              for n in (3 << 18, 5, (5 << 18) + 3)]
-    body = b"".join(len(b).to_bytes(8, "little") + b + hashlib.sha256(b).digest()
+    body = b"".join(len(b).to_bytes(8, "little") + b + blake3.blake3(b).digest()
                     for b in blobs)
     conn = http.client.HTTPConnection("127.0.0.1", listener.port)
     conn.request("POST", "/blobs/", body)
     response = conn.getresponse()
-    ids = ["0x" + hashlib.sha256(b).hexdigest() for b in blobs]
+    ids = ["0x" + blake3.blake3(b).hexdigest() for b in blobs]
     assert (response.status, json.loads(response.read())) == (200, {"ids": ids})
     conn.close()
     for id_, blob in zip(ids, blobs, strict=True):
@@ -309,7 +309,7 @@ def test_listener_close_mid_upload_stores_nothing(tmp_path):
     server = BlobServer(store).start()
     blob = encode_array(np.arange(3 << 18, dtype=np.int32))  # 3 MiB: pipelined, direct
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(f"PUT /blobs/0x{hashlib.sha256(blob).hexdigest()} HTTP/1.1\r\n"
+        sock.sendall(f"PUT /blobs/0x{blake3.blake3(blob).hexdigest()} HTTP/1.1\r\n"
                      f"Content-Length: {len(blob)}\r\n\r\n".encode() + blob[:2 << 20])
         deadline = time.monotonic() + 10  # until the upload's temp file exists
         while not files(store.directory) and time.monotonic() < deadline:

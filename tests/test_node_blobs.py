@@ -3,10 +3,10 @@
 `chain/blobhttp.py`'s BlobApp): arrays of every blob dtype and layout round-trip bit for bit
 (numpy is the reference), and oversized, forged, truncated or corrupt blobs are refused with
 the same clear errors and leave nothing behind."""
-import hashlib
 import http.client
 import json
 
+import blake3
 import numpy as np
 import pytest
 from helpers import BLOB_SERVERS, blob_node
@@ -50,7 +50,7 @@ def stored_files(node):
 ], ids=["f32-3.6MB", "i4-big-endian", "i8-transposed", "i8", "i16-empty"])
 def test_arrays_round_trip_bit_for_bit(blobs, array):
     id_ = blobs.put_array(array)
-    assert id_ == hashlib.sha256(encode_array(array)).digest()  # the id names the bytes
+    assert id_ == blake3.blake3(encode_array(array)).digest()  # the id names the bytes
     back = blobs.get_array(id_)
     assert back.dtype == array.dtype.newbyteorder("<") and back.shape == array.shape
     np.testing.assert_array_equal(back, array)
@@ -73,7 +73,7 @@ def test_oversized_blobs_are_refused_on_both_ends(node, blob_port, blobs):
     np.testing.assert_array_equal(small.get_array(unlimited.put_array(ones)), ones)
     unlimited.close()
     small.close()
-    assert set(stored_files(node)) - set(before) == {id_.hex(), hashlib.sha256(
+    assert set(stored_files(node)) - set(before) == {id_.hex(), blake3.blake3(
         encode_array(ones)).hexdigest()}  # no temp files left
 
 
@@ -87,12 +87,12 @@ def test_forged_truncated_and_corrupt_blobs(node, blob_port, blobs):
         response = conn.getresponse()
         return response.status, response.read()
 
-    status, body = put(hashlib.sha256(data + b"x").hexdigest(), data)
-    assert status == 400 and b"sha256 of the body" in body
+    status, body = put(blake3.blake3(data + b"x").hexdigest(), data)
+    assert status == 400 and b"BLAKE3 of the body" in body
     truncated = data[:-4]
-    status, body = put(hashlib.sha256(truncated).hexdigest(), truncated)
+    status, body = put(blake3.blake3(truncated).hexdigest(), truncated)
     assert status == 400 and b"needs 48" in body
-    status, body = put(hashlib.sha256(b"NOPE").hexdigest(), b"NOPE")
+    status, body = put(blake3.blake3(b"NOPE").hexdigest(), b"NOPE")
     assert status == 400 and b"shorter than" in body
     status, _ = put("12", data)
     assert status == 400
@@ -111,14 +111,14 @@ def test_forged_truncated_and_corrupt_blobs(node, blob_port, blobs):
 
 def test_batched_uploads_round_trip_and_match_single_puts(node, blobs):
     """put_arrays batches small arrays (several per POST, one group commit) and sends large
-    ones alone; every id is the sha256 of numpy's encoding and every array comes back."""
+    ones alone; every id is the BLAKE3 of numpy's encoding and every array comes back."""
     rng = np.random.default_rng(1)
     arrays = [rng.standard_normal((n, 7)).astype(np.float32) for n in range(1, 300)]
     arrays.insert(150, rng.standard_normal((600, 600)).astype(np.float32))  # 1.4 MB: alone
     arrays.append(np.zeros((0, 3), np.int16))
     arrays.append(arrays[0])  # a duplicate in the same batch is stored once
     ids = blobs.put_arrays(arrays)
-    assert ids == [hashlib.sha256(encode_array(a)).digest() for a in arrays]
+    assert ids == [blake3.blake3(encode_array(a)).digest() for a in arrays]
     for id_, array in zip(ids, arrays, strict=True):
         np.testing.assert_array_equal(blobs.get_array(id_), array)
     assert not [f for f in stored_files(node) if f.startswith(".tmp")]
@@ -146,13 +146,13 @@ def test_batch_with_forged_truncated_or_oversized_blobs(node, blob_port):
         return result
 
     before = stored_files(node)
-    body = frame(good[0], hashlib.sha256(good[0]).digest()) + \
-        frame(forged, hashlib.sha256(b"other").digest()) + \
-        frame(good[1], hashlib.sha256(good[1]).digest())
+    body = frame(good[0], blake3.blake3(good[0]).digest()) + \
+        frame(forged, blake3.blake3(b"other").digest()) + \
+        frame(good[1], blake3.blake3(good[1]).digest())
     status, reply = post(body)
-    assert status == 400 and "blob 1 (0x" in reply["error"] and "sha256" in reply["error"]
-    assert reply["stored"] == ["0x" + hashlib.sha256(g).hexdigest() for g in good]
-    assert set(stored_files(node)) - set(before) == {hashlib.sha256(g).hexdigest() for g in good}
+    assert status == 400 and "blob 1 (0x" in reply["error"] and "BLAKE3" in reply["error"]
+    assert reply["stored"] == ["0x" + blake3.blake3(g).hexdigest() for g in good]
+    assert set(stored_files(node)) - set(before) == {blake3.blake3(g).hexdigest() for g in good}
 
     before = stored_files(node)
     status, reply = post(body[:-10])
@@ -173,6 +173,6 @@ def test_batched_uploads_reuse_their_connections(blob_port):
     for round_ in range(8):
         shifted = [a + round_ for a in arrays]
         assert client.put_arrays(shifted, threads=2) == [
-            hashlib.sha256(encode_array(a)).digest() for a in shifted]
+            blake3.blake3(encode_array(a)).digest() for a in shifted]
     assert len(client.connections._all) <= 2 + HASH_THREADS < 2 * 8
     client.close()
