@@ -90,7 +90,7 @@ def encode_header(array: np.ndarray) -> bytes:
     return HEADER.pack(MAGIC, code, array.ndim) + struct.pack(f"<{array.ndim}Q", *array.shape)
 
 
-def decode_array(blob: bytes | bytearray) -> np.ndarray:
+def decode_array(blob: bytes | bytearray | memoryview) -> np.ndarray:
     """Parse blob bytes back into an array (a view of `blob`); ValueError says what is
     corrupt."""
     dtype, shape, offset = parse_header(blob)

@@ -312,7 +312,7 @@ class ChainClient:
             return self.blobs.put(array_or_bytes)
         return self.blobs.put_array(array_or_bytes)
 
-    def get_blob_bytes(self, id_: bytes | str) -> bytearray:
+    def get_blob_bytes(self, id_: bytes | str) -> memoryview:
         """Download a blob and check that its bytes hash to the id (KeyError if missing)."""
         return self.blobs.get(parse_id(id_))
 

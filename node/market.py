@@ -381,7 +381,7 @@ class Market:
             raise
         return ids, signing
 
-    def get_blob(self, id_: bytes) -> bytearray:
+    def get_blob(self, id_: bytes) -> memoryview:
         """A blob's bytes (size limit and id checked); BlobError otherwise."""
         return self.blobs.get(id_)
 

@@ -57,6 +57,27 @@ def test_arrays_round_trip_bit_for_bit(blobs, array):
     assert blobs.has(id_) and blobs.put_array(array) == id_  # again: idempotent
 
 
+def test_downloads_own_their_buffers(blobs):
+    """Each download lands in memory of its own: arrays (and raw bytes) fetched earlier keep
+    their values while later downloads of the same sizes (3 MiB, 64 KiB) fill new buffers;
+    no result is a view of another."""
+    rng = np.random.default_rng(5)
+    for shape in ((3, 1 << 18), (1 << 14,)):
+        arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+        ids = blobs.put_arrays(arrays)
+        raw = bytes(blobs.get(ids[0]))
+        fetched = [blobs.get_array(id_) for id_ in ids]
+        fetched += [blobs.get_array(id_) for id_ in ids]
+        for i, back in enumerate(fetched):
+            np.testing.assert_array_equal(back, arrays[i % 3])
+            assert back.flags.writeable and back.flags.c_contiguous
+        for earlier, later in zip(fetched, fetched[1:], strict=False):
+            assert not np.shares_memory(earlier, later)
+        fetched[0][...] = 0  # writing one result changes no other
+        np.testing.assert_array_equal(fetched[3], arrays[0])
+        assert raw == encode_array(arrays[0])
+
+
 def test_oversized_blobs_are_refused_on_both_ends(node, blob_port, blobs):
     big = np.zeros((LIMIT_MB << 18) + 1, np.float32)  # 4 bytes over the node's limit
     before = stored_files(node)
