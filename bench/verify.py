@@ -7,9 +7,10 @@
 
 Exact mode runs with 1 round (false accept <= 1/p < 2^-60 <= 2^-40); float mode with the
 default 16 rounds and with 8, 4, 2 and 1 (false accept 2^-rounds for errors above twice the
-bound); for 16 and 1 also the three passes over the matrices alone (on a GPU the three fused
-kernels, CUDA events, tau and the worst row included), which shows how much of a check is
-the fixed per-call work (vectors, O(n) bound arithmetic, verdict, copies). The reference
+bound); for 16 and 1 also the three passes over the matrices alone on the host, which shows
+how much of a check is the fixed per-call work (vectors, O(n) bound arithmetic, verdict),
+and on a GPU the check's one launch (CUDA events, alone and back to back), the host's time
+to derive the bits and enqueue it, and gpu_float.check() alone. The reference
 is the float32 product (numpy sgemm / cuBLAS); for exact mode numpy's integer matmul is
 also timed where it finishes in reasonable time.
 The "read floor" row is one matrix-vector product over each of A, B and C: the memory
@@ -44,6 +45,7 @@ clock = CLOCKS["wall"]
 
 
 SHORT_CALL, SHORT_REPEATS = 1e-3, 50  # calls under a millisecond: best of at least 50
+BACK_TO_BACK = 50  # GPU launches timed together
 
 
 def best_time(fn, repeats: int, sync=lambda: None) -> float:
@@ -91,8 +93,7 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
             seconds = best_time(lambda R=R: three_passes(xp, A, B, C, R), repeats, sync)
             rows.append(("  of which the 3 passes over B, C, A", seconds, sgemm))
         elif rounds in (DEFAULT_ROUNDS["fp32"], 1):
-            rows.append(("  of which 3 fused kernels (CUDA events)",
-                         float_kernels(A, B, C, rounds, repeats), sgemm))
+            rows += float_pieces(A, B, C, rounds, sgemm, repeats, sync)
     Ai = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))
     Bi = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))
     Ci = (Ai.astype(np.float64) @ Bi.astype(np.float64)).astype(np.int32)  # exact: < 2^53
@@ -107,9 +108,13 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     return rows
 
 
-def float_kernels(A, B, C, rounds: int, repeats: int) -> float:
-    """The GPU float check's three kernel launches alone (CUDA events): no vector
-    derivation, no copies, no Python around them."""
+def float_pieces(A, B, C, rounds: int, sgemm: float, repeats: int,
+                 sync) -> list[tuple[str, float, float]]:
+    """The GPU float check's parts: its one launch timed by CUDA events (the bits' copy to
+    the device, both barriers, the three passes, tau, the verdict's write to host memory),
+    the same launch back to back (BACK_TO_BACK launches between two events: the GPU's time
+    per check without the host's gaps), the host's time to derive the bits and enqueue it
+    (wall clock, not waiting for the GPU), and gpu_float.check() alone."""
     import cupy
 
     from verifier import gpu_float
@@ -117,18 +122,42 @@ def float_kernels(A, B, C, rounds: int, repeats: int) -> float:
     from verifier.rng import Signs
 
     n, k = B.shape[1], A.shape[1]
-    bits, terms = Signs(SEED, n, rounds).bits, bound_terms(n, k, "fp32", np.float32)
-    gpu_float.launch(A, B, C, bits, rounds, terms)  # compiles, allocates the workspace
+    plan = gpu_float.plan_for(A, B, C, rounds, bound_terms(n, k, "fp32", np.float32))
+    repeats = max(repeats, SHORT_REPEATS)
+
+    def enqueue():
+        return gpu_float.launch(plan, A, B, C, Signs(SEED, n, rounds).bits)
+
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    best = float("inf")
+    kernel = back_to_back = float("inf")
     for _ in range(repeats):
         start.record()
-        out = gpu_float.launch(A, B, C, bits, rounds, terms)
+        enqueue()
         end.record()
         end.synchronize()
-        best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    assert float(out[0]) <= 0 and float(out[2]) == 0
-    return best
+        kernel = min(kernel, cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    for _ in range(3):
+        start.record()
+        for _ in range(BACK_TO_BACK):
+            enqueue()
+        end.record()
+        end.synchronize()
+        back_to_back = min(back_to_back,
+                           cupy.cuda.get_elapsed_time(start, end) / 1e3 / BACK_TO_BACK)
+    host = float("inf")
+    for _ in range(repeats):
+        sync()
+        start_s = time.perf_counter()
+        verdict = enqueue()
+        host = min(host, time.perf_counter() - start_s)
+    sync()
+    assert verdict[0] <= 0 and verdict[2] == 0
+    bits = Signs(SEED, n, rounds).bits
+    check = best_time(lambda: gpu_float.check(plan, A, B, C, bits), repeats, sync)
+    return [("  of which 1 launch (CUDA events)", kernel, sgemm),
+            (f"  the launch, {BACK_TO_BACK} back to back, each", back_to_back, sgemm),
+            ("  of which host: bits + enqueue", host, sgemm),
+            ("  gpu_float.check() alone", check, sgemm)]
 
 
 def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, float, float]]:

@@ -538,3 +538,124 @@ def test_fused_residues_of_rows_at_any_alignment(dtype, offset):
                        None, out, cupy.empty(3, np.int64))
     expected = _mod_p_reference(M, (words & np.uint64(gpu_exact.P)).T)
     np.testing.assert_array_equal(cupy.asnumpy(out), expected)
+
+
+def _small_integers(rng, shape):
+    """Integer-valued float32 entries in [-8, 8]: every product and partial sum of R, B R,
+    A (B R) and C stays an integer below 2^24, exact in float32 in any order."""
+    return rng.integers(-8, 9, shape).astype(np.float32)
+
+
+def _same_outcome(gpu, host, tau_max):
+    """The one-launch check's result against the host's: same verdict, same row, and the
+    same excess up to the float32 rounding of |A| weights (order-dependent in tau only)."""
+    assert gpu.passed == host.passed and gpu.rounds == host.rounds
+    assert gpu.false_accept_bound == host.false_accept_bound
+    assert abs(gpu.worst_excess - host.worst_excess) <= 1e-5 * tau_max
+    assert gpu.reason.split(" exceeds")[0] == host.reason.split(" exceeds")[0]
+
+
+@pytest.mark.parametrize("rounds", [1, 16])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (37, 29, 33), (130, 300, 64), (64, 2048, 20),
+                                     (300, 70, 1000)])
+def test_one_launch_float_checks_equal_the_host_checks(rounds, m, k, n):
+    """Honest, above-bound and NaN/Inf results: verify() on the device (its first call makes
+    the plan, the second takes the remembered one) gives the host's verdict, row and excess,
+    for shapes that are not square, 1 x 1 and not multiples of 16 (16-byte and scalar
+    loads)."""
+    from verifier.floating import residual_and_bound
+    from verifier.rng import sign_vectors
+
+    rng = np.random.default_rng(m + k + n + rounds)
+    A, B = _small_integers(rng, (m, k)), _small_integers(rng, (k, n))
+    C = (A.astype(np.int64) @ B.astype(np.int64)).astype(np.float32)  # exact
+    _, tau = residual_and_bound(np, A, B, C, sign_vectors(SEED, n, rounds), "fp32")
+    above = C.copy()
+    above[m // 2, n - 1] += np.float32(4 * tau.max())  # 4 tau: fails for any signs
+    not_finite = [("NaN or Inf in A", 0, np.nan), ("NaN or Inf in B", 1, np.inf),
+                  ("NaN or Inf in C", 2, -np.inf)]
+    cases = [((A, B, C), True), ((A, B, above), False)]
+    for _, which, value in not_finite:
+        mats = [A.copy(), B.copy(), C.copy()]
+        mats[which][-1, 0] = value
+        cases.append((tuple(mats), False))
+    for mats, passes in cases:
+        host = verify(*mats, rounds=rounds, seed=SEED)
+        device = [cupy.asarray(M) for M in mats]
+        for _ in range(2):
+            gpu = verify(*device, rounds=rounds, seed=SEED)
+            assert gpu.passed == host.passed == passes
+            if np.isfinite(host.worst_excess):
+                _same_outcome(gpu, host, tau.max())
+            else:
+                assert gpu == host and host.reason.startswith("NaN or Inf in")
+    for name, which, _ in not_finite:
+        assert verify(*(cases[2 + which][0]), rounds=rounds, seed=SEED).reason == name
+
+
+def test_one_launch_float_checks_of_random_data_and_precision_classes():
+    """cuBLAS's own summation order: honest results pass in every class, a wrong entry of
+    twice the bound fails in every class on the device as on the host, at the same row."""
+    from verifier.floating import residual_and_bound
+    from verifier.rng import sign_vectors
+
+    rng = np.random.default_rng(21)
+    m, k, n = 200, 513, 260
+    A = rng.standard_normal((m, k), dtype=np.float32)
+    B = rng.standard_normal((k, n), dtype=np.float32)
+    dA, dB = cupy.asarray(A), cupy.asarray(B)
+    dC = dA @ dB
+    for precision in ("fp32", "tf32", "bf16"):
+        assert verify(dA, dB, dC, precision=precision, rounds=4, seed=SEED).passed
+        _, tau = residual_and_bound(np, A, B, cupy.asnumpy(dC), sign_vectors(SEED, n, 4),
+                                    precision)
+        wrong = cupy.asnumpy(dC)
+        wrong[123, 7] += np.float32(4 * tau.max())
+        host = verify(A, B, wrong, precision=precision, rounds=4, seed=SEED)
+        gpu = verify(dA, dB, cupy.asarray(wrong), precision=precision, rounds=4, seed=SEED)
+        assert not host.passed and "row 123 " in host.reason
+        assert gpu.reason.split(" exceeds")[0] == host.reason.split(" exceeds")[0]
+        assert abs(gpu.worst_excess - host.worst_excess) <= 1e-2 * tau.min()
+
+
+def test_one_launch_float_check_of_a_stack_takes_each_element():
+    """Leading batch dimensions (elements too large for one stacked check): each element is
+    one launch; the verdict names the host's element and row."""
+    rng = np.random.default_rng(22)
+    A = _small_integers(rng, (2, 2, 150, 200))
+    B = _small_integers(rng, (2, 200, 180))
+    C = (A.astype(np.int64) @ B.astype(np.int64)).astype(np.float32)
+    assert verify(*(cupy.asarray(M) for M in (A, B, C)), seed=SEED).passed
+    C[1, 0, 77, 5] += 1e4
+    host = verify(A, B, C, seed=SEED)
+    gpu = verify(*(cupy.asarray(M) for M in (A, B, C)), seed=SEED)
+    assert not gpu.passed and "row 77 of batch element (1, 0)" in host.reason
+    assert gpu.reason.split(" exceeds")[0] == host.reason.split(" exceeds")[0]
+
+
+def test_one_launch_float_check_over_many_row_blocks_reports_the_first_worst_row():
+    """More rows than one wave of resident warps takes: two identical wrong rows far apart
+    (the same excess, found by different blocks) give the first, as numpy's argmax does;
+    checks after a failing one pass again (the counters reset)."""
+    from verifier import gpu_float
+    from verifier.floating import bound_terms
+    from verifier.rng import Signs
+
+    rng = np.random.default_rng(23)
+    m, k, n = 100_000, 8, 12
+    A, B = _small_integers(rng, (m, k)), _small_integers(rng, (k, n))
+    C = (A.astype(np.int64) @ B.astype(np.int64)).astype(np.float32)
+    A[99_990], C[99_990] = A[12_345], C[12_345]
+    wrong = C.copy()
+    wrong[[12_345, 99_990], 3] += 1e3
+    dA, dB, dC, dwrong = (cupy.asarray(M) for M in (A, B, C, wrong))
+    terms = bound_terms(n, k, "fp32", np.float32)
+    plan = gpu_float.plan_for(dA, dB, dC, 2, terms)
+    assert plan.row_blocks[2] > plan.grid  # A's row blocks: blocks take several in turn
+    for seed in (SEED, b"other", b"third"):
+        bits = Signs(seed, n, 2).bits
+        assert gpu_float.check(plan, dA, dB, dC, bits)[0] <= 0
+        worst, row = gpu_float.check(plan, dA, dB, dwrong, bits)
+        host = verify(A, B, wrong, rounds=2, seed=seed)
+        assert row == 12_345 and "row 12345 " in host.reason
+        assert abs(worst - host.worst_excess) <= 1e-5 * abs(host.worst_excess)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from verifier import exact, floating, gpu_exact
+from verifier import exact, floating, gpu_exact, gpu_float
 from verifier.arrays import as_array, module_of
 from verifier.result import VerifyResult
 from verifier.rng import P, Signs, as_seed, derive_seed, field_vectors
@@ -31,10 +31,11 @@ def verify(A, B, C, *, precision: str = "fp32", rounds: int | None = None,
     seed: bytes from which the random vectors are derived, so that every node re-running
     the check reaches the same verdict; None draws a fresh one from os.urandom.
     """
-    if precision == "exact" and (rounds is None or type(rounds) is int):
-        known = _DEVICE_EXACT.get(_device_key(A, B, C, rounds))
+    if type(precision) is str and (rounds is None or type(rounds) is int):
+        plans = _DEVICE_EXACT if precision == "exact" else _DEVICE_FLOAT
+        known = plans.get(_device_key(A, B, C, rounds, precision))
         if known is not None:
-            return _verify_known_device_exact(known, A, B, C, as_seed(seed))
+            return known.verify(A, B, C, as_seed(seed))
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     rounds = _rounds(precision, rounds)
@@ -105,13 +106,20 @@ def _where(index: tuple[int, ...], row: int) -> str:
     return f"row {row}" + (f" of batch element {index}" if index else "")
 
 
-def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision) -> VerifyResult:
+def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision,
+                  device_plan: bool = True) -> VerifyResult:
     for x, name in ((A, "A"), (B, "B"), (C, "C")):
         if x.dtype != np.float32:
             raise TypeError(f"{precision} mode takes float32 A, B and C; {name} is {x.dtype}")
     if k >= floating.MAX_INNER:
         raise ValueError(f"inner dimension k={k} too large for a float32 error bound "
                          f"(at most {floating.MAX_INNER - 1})")
+    if (device_plan and xp is not np and not batch and floating.float32_possible(n, k)
+            and gpu_float.supported(A, B, C)):
+        terms = floating.bound_terms(n, k, precision, np.float32)
+        known = DeviceFloat(gpu_float.plan_for(A, B, C, rounds, terms), precision, rounds)
+        _remember_device(xp, A, B, C, precision, rounds, known)
+        return known.verify(A, B, C, seed)
     signs = Signs(seed, n, rounds)
     if batch and A.shape[-2] * k + k * n + C.shape[-2] * n <= SMALL_ELEMENT:
         parts = [((), xp.broadcast_to(A, (*batch, *A.shape[-2:])),
@@ -129,8 +137,11 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision) -> VerifyRe
             if excess > 0:
                 index, row = index + where[:-1], where[-1]
                 reason = f"{_where(index, row)} exceeds its rounding-error bound by {excess:.6g}"
-    bound = 2.0**-rounds
-    return VerifyResult(worst <= 0, worst, rounds, bound, reason)
+    return _float_result(worst, rounds, reason)
+
+
+def _float_result(worst: float, rounds: int, reason: str) -> VerifyResult:
+    return VerifyResult(worst <= 0, worst, rounds, 2.0**-rounds, reason)
 
 
 class DeviceExact(NamedTuple):
@@ -139,31 +150,55 @@ class DeviceExact(NamedTuple):
     plan: gpu_exact.Plan
     passed: VerifyResult
 
+    def verify(self, A, B, C, seed: bytes) -> VerifyResult:
+        wrong, row = gpu_exact.check(self.plan, A, B, C, seed)
+        if not wrong:
+            return self.passed
+        return VerifyResult(False, float(wrong), self.passed.rounds,
+                            self.passed.false_accept_bound,
+                            f"{wrong} rows differ mod p, first {_where((), row)}")
 
-# (types, shapes, dtypes, strides, addresses mod 16, rounds, device) of device products
-# checked before -> their DeviceExact: a repeat call skips the checks, bounds and plan lookup
+
+class DeviceFloat(NamedTuple):
+    """What verify() derived for one kind of 2-D float32 device product: its plan (tau's
+    terms included)."""
+
+    plan: gpu_float.Plan
+    precision: str
+    rounds: int
+
+    def verify(self, A, B, C, seed: bytes) -> VerifyResult:
+        k, n = A.shape[1], B.shape[1]
+        found = gpu_float.check(self.plan, A, B, C, Signs(seed, n, self.rounds).bits)
+        if found is None:  # NaN/Inf or a float32 overflow: the general path tells which
+            import cupy
+
+            return _verify_float(cupy, A, B, C, (), k, n, self.rounds, seed, self.precision,
+                                 device_plan=False)
+        worst, row = found
+        reason = ("ok" if worst <= 0
+                  else f"{_where((), row)} exceeds its rounding-error bound by {worst:.6g}")
+        return _float_result(worst, self.rounds, reason)
+
+
+# (types, shapes, dtypes, strides, addresses mod 16, rounds, device, precision) of device
+# products checked before -> their DeviceExact or DeviceFloat: a repeat call skips the
+# input checks, bounds and plan lookup
 _DEVICE_EXACT: dict[tuple, DeviceExact] = {}
+_DEVICE_FLOAT: dict[tuple, DeviceFloat] = {}
 _DEVICE_TYPES: dict[type, object] = {}  # array type -> its module (cupy)
 
 
-def _device_key(A, B, C, rounds: int | None) -> tuple | None:
-    """The _DEVICE_EXACT key of these inputs, None for anything but device arrays."""
+def _device_key(A, B, C, rounds: int | None, precision: str = "exact") -> tuple | None:
+    """The _DEVICE_EXACT or _DEVICE_FLOAT key of these inputs, None for anything but device
+    arrays."""
     module = _DEVICE_TYPES.get(type(A))
     if module is None or type(B) is not type(A) or type(C) is not type(A):
         return None
     return (type(A), A.shape, B.shape, C.shape, A.dtype, B.dtype, C.dtype, A.strides,
             B.strides, C.strides, A.data.ptr % 16, B.data.ptr % 16, C.data.ptr % 16,
-            DEFAULT_ROUNDS["exact"] if rounds is None else rounds,
-            module.cuda.runtime.getDevice())
-
-
-def _verify_known_device_exact(known: DeviceExact, A, B, C, seed: bytes) -> VerifyResult:
-    wrong, row = gpu_exact.check(known.plan, A, B, C, seed)
-    if not wrong:
-        return known.passed
-    return VerifyResult(False, float(wrong), known.passed.rounds,
-                        known.passed.false_accept_bound,
-                        f"{wrong} rows differ mod p, first {_where((), row)}")
+            DEFAULT_ROUNDS.get(precision) if rounds is None else rounds,
+            module.cuda.runtime.getDevice(), precision)
 
 
 def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
@@ -194,7 +229,8 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
             # and reached its dtype's would have failed above)
             if not batch and bounds == tuple(map(exact.dtype_magnitude, (B.dtype, C.dtype,
                                                                           A.dtype))):
-                _remember_device_exact(xp, A, B, C, rounds, plan, bound)
+                _remember_device(xp, A, B, C, "exact", rounds, DeviceExact(
+                    plan, VerifyResult(True, 0.0, rounds, bound, "ok")))
             wrong, row = gpu_exact.check(plan, a, b, c, seed)
         else:
             if R is None:
@@ -208,10 +244,11 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
     return VerifyResult(mismatches == 0, float(mismatches), rounds, bound, reason)
 
 
-def _remember_device_exact(xp, A, B, C, rounds: int, plan, bound: float) -> None:
-    """Keep what this check derived from its inputs' kind (bounds from the dtypes alone)."""
+def _remember_device(xp, A, B, C, precision: str, rounds: int,
+                     known: DeviceExact | DeviceFloat) -> None:
+    """Keep what a check derived from its inputs' kind for the next call with that kind."""
     _DEVICE_TYPES[type(A)] = xp
-    if len(_DEVICE_EXACT) >= MAX_DEVICE_PLANS:
-        _DEVICE_EXACT.clear()
-    _DEVICE_EXACT[_device_key(A, B, C, rounds)] = DeviceExact(
-        plan, VerifyResult(True, 0.0, rounds, bound, "ok"))
+    plans = _DEVICE_EXACT if precision == "exact" else _DEVICE_FLOAT
+    if len(plans) >= MAX_DEVICE_PLANS:
+        plans.clear()
+    plans[_device_key(A, B, C, rounds, precision)] = known

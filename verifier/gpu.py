@@ -2,6 +2,8 @@
 M @ W and |M| @ v, accumulated in float32 or float64 (float checks' float64 re-evaluations
 and exact mode's generic limb products, every partial sum an integer of magnitude at most
 2^53) with no converted copy of M. 2-D float32 checks take verifier/gpu_float.py instead.
+Below it, what the one-launch checks (gpu_exact.py, gpu_float.py) share: the grid barrier,
+launching a cooperative kernel from a ctypes argument block, pinned host memory.
 
 Each warp takes VF_RPW rows, so every value of W it loads from shared memory serves VF_RPW
 multiply-adds, and each thread issues VF_UNROLL * VF_RPW reads of M before it uses them, so
@@ -11,6 +13,7 @@ once per row.
 """
 from __future__ import annotations
 
+import ctypes
 from functools import cache
 
 import numpy as np
@@ -143,3 +146,68 @@ def signed_and_abs(M, W, v, accumulator):
     _kernel(columns, M.dtype.name, accumulator, with_abs)(
         (blocks,), (32 * WARPS,), (M, WT, v, S, a, cupy.int64(rows), cupy.int64(cols)))
     return S, (a if with_abs else None)
+
+
+# Device functions of the cooperative (one-launch) checks.
+COOPERATIVE = r"""
+// Every block of the grid waits here until all have arrived: barrier[0] counts arrivals,
+// barrier[1] is the generation the last one to arrive moves on. Block-wide writes before it
+// are visible grid-wide after it (each block's fence after its __syncthreads).
+__device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned int* generation = barrier + 1;
+        const unsigned int seen = *generation;
+        __threadfence();
+        if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
+            atomicExch(barrier, 0u);
+            __threadfence();
+            atomicAdd(barrier + 1, 1u);
+        } else {
+            while (*generation == seen) asm volatile("nanosleep.u32 32;");
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+"""
+
+
+def resident_blocks(kernel, threads: int, device: int) -> int:
+    """Blocks of kernel (a cupy.RawKernel) that fit on the device at once, all SMs."""
+    import cupy
+
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
+                                                                        threads, 0)
+    sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+    return per_sm * sms
+
+
+def argument_block(values) -> tuple[object, object]:
+    """(arguments, parameters): a ctypes array of 8-byte kernel arguments holding values,
+    and the array of pointers to them that the driver's launch takes. A launch then costs
+    the host assignments into arguments and one driver call."""
+    values = list(values)
+    arguments = (ctypes.c_uint64 * len(values))(*values)
+    start = ctypes.addressof(arguments)
+    parameters = (ctypes.c_void_p * len(values))(*(start + 8 * i for i in range(len(values))))
+    return arguments, parameters
+
+
+def launch_cooperative(function: int, grid: int, threads: int, parameters) -> None:
+    """Enqueue a cooperative launch (every block resident, so they may wait for each other)
+    of the CUfunction on the current stream."""
+    import cupy
+
+    cupy.cuda.driver.launchCooperativeKernel(
+        function, grid, 1, 1, threads, 1, 1, 0, cupy.cuda.get_current_stream().ptr,
+        ctypes.addressof(parameters))
+
+
+def pinned(count: int, dtype) -> tuple[object, np.ndarray]:
+    """(pinned host memory, a numpy view of count dtype entries): a kernel reads or writes it
+    directly (unified addressing), so no copy is ever enqueued."""
+    import cupy
+
+    memory = cupy.cuda.alloc_pinned_memory(count * np.dtype(dtype).itemsize)
+    return memory, np.frombuffer(memory, dtype, count)

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from verifier.gpu import COOPERATIVE, argument_block, launch_cooperative, pinned, resident_blocks
 from verifier.rng import BLOCK_WORDS, FIELD_BLOCK_DOMAIN, P, field_key, field_vectors
 
 
@@ -461,29 +462,9 @@ residues(const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, lo
 # The whole check in one launch of resident blocks (a cooperative launch, so all of them are
 # resident and may wait for each other): the vectors, a grid-wide barrier, B's and C's
 # passes, a barrier, A's pass with the comparison; the last block to finish copies the
-# verdict to host memory. Every argument is 8 bytes (check's ctypes argument block).
+# verdict to host memory. Every argument is 8 bytes (check's ctypes argument block). The grid
+# barrier is verifier/gpu.py's (COOPERATIVE).
 FUSED = r"""
-// Every block of the grid waits here until all have arrived: barrier[0] counts arrivals,
-// barrier[1] is the generation the last one to arrive moves on. Block-wide writes before it
-// are visible grid-wide after it (each block's fence after its __syncthreads).
-__device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned int* generation = barrier + 1;
-        const unsigned int seen = *generation;
-        __threadfence();
-        if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
-            atomicExch(barrier, 0u);
-            __threadfence();
-            atomicAdd(barrier + 1, 1u);
-        } else {
-            while (*generation == seen) asm volatile("nanosleep.u32 32;");
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 // A hint to the L2 to fetch bytes from start (both multiples of 16); returns at once.
 __device__ __forceinline__ void prefetch_l2(const char* start, long long bytes) {
 #if __CUDA_ARCH__ >= 900
@@ -669,7 +650,7 @@ def _fused_kernel(a: Pass, b: Pass, c: Pass):
 
     domain = [int.from_bytes(FIELD_BLOCK_DOMAIN[i : i + 8], "little") for i in (0, 8, 16)]
     source = (COMMON + KECCAK + "".join(BODY.replace("VX_", f"V{x}_") for x in "ABC")
-              + FUSED)
+              + COOPERATIVE + FUSED)
     options = (*(o.replace("-DVX_", f"-DV{x}_") for x, one in zip("ABC", (a, b, c), strict=True)
                  for o in one.options),
                f"-DCHECK_TILE={max(a.tile, b.tile, c.tile)}", f"-DCHECK_THREADS={a.threads}",
@@ -708,10 +689,9 @@ class Workspace(NamedTuple):
 def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     import cupy
 
-    pinned = cupy.cuda.alloc_pinned_memory(24)
     return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
                      cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
-                     cupy.zeros(3, np.uint32), pinned, np.frombuffer(pinned, np.int64, 3))
+                     cupy.zeros(3, np.uint32), *pinned(3, np.int64))
 
 
 ARGUMENTS = 22  # the kernel's, 8 bytes each
@@ -734,16 +714,6 @@ class Plan(NamedTuple):
     parameters: object  # ctypes array of pointers to them (cuLaunchCooperativeKernel's)
 
 
-def _resident_blocks(kernel, threads: int, device: int) -> int:
-    """Blocks of kernel that fit on the device at once (occupancy API, all SMs)."""
-    import cupy
-
-    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
-                                                                        threads, 0)
-    sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-    return per_sm * sms
-
-
 @lru_cache(maxsize=16)
 def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
             bounds: tuple[int, int, int], product_bound: int, device: int) -> Plan:
@@ -760,17 +730,15 @@ def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
     assert a.threads == b.threads == c.threads  # LAUNCH: one block size for every pass
     kernel = _fused_kernel(a, b, c)
     keccak_blocks = -(-32 * -(-n * rounds // BLOCK_WORDS) // a.threads)
-    grid = min(_resident_blocks(kernel, a.threads, device),
+    grid = min(resident_blocks(kernel, a.threads, device),
                max(b.blocks + c.blocks, a.blocks, keccak_blocks))
     ws = _workspace(m, k, n, rounds, device)
-    arguments = (ctypes.c_uint64 * ARGUMENTS)()
-    for i, value in enumerate((ws.words.data.ptr, ws.X.data.ptr, ws.Z.data.ptr,
-                               ws.verdict.data.ptr, ws.barrier.data.ptr, ws.pinned.ptr, m, k,
-                               n, rounds, product_bound if check_c else 0, b.blocks, c.blocks,
-                               a.blocks), start=WORDS_ARGUMENT):
-        arguments[i] = value
-    start = ctypes.addressof(arguments)
-    parameters = (ctypes.c_void_p * ARGUMENTS)(*(start + 8 * i for i in range(ARGUMENTS)))
+    arguments, parameters = argument_block(
+        (0,) * WORDS_ARGUMENT
+        + (ws.words.data.ptr, ws.X.data.ptr, ws.Z.data.ptr, ws.verdict.data.ptr,
+           ws.barrier.data.ptr, ws.pinned.ptr, m, k, n, rounds,
+           product_bound if check_c else 0, b.blocks, c.blocks, a.blocks))
+    assert len(arguments) == ARGUMENTS
     return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters)
 
 
@@ -788,8 +756,6 @@ def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None) -> np.ndar
     bytes), or the (rounds, n) C-contiguous device words given. Returns plan's host verdict
     (rows that differ, the first such row, whether a word was rejected), written by the
     kernel: read it once the stream has synchronised."""
-    import cupy
-
     arguments = plan.arguments
     arguments[0], arguments[1], arguments[2] = A.data.ptr, B.data.ptr, C.data.ptr
     if key is None:
@@ -798,9 +764,7 @@ def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None) -> np.ndar
         ctypes.memmove(ctypes.addressof(arguments) + 8 * KEY_ARGUMENT, key, 32)
         arguments[DERIVE_ARGUMENT] = 1
         arguments[WORDS_ARGUMENT] = plan.ws.words.data.ptr
-    cupy.cuda.driver.launchCooperativeKernel(
-        plan.function, plan.grid, 1, 1, plan.threads, 1, 1, 0,
-        cupy.cuda.get_current_stream().ptr, ctypes.addressof(plan.parameters))
+    launch_cooperative(plan.function, plan.grid, plan.threads, plan.parameters)
     return plan.ws.host_verdict
 
 
