@@ -10,9 +10,10 @@ import coincurve
 import httpx
 import numpy as np
 import rlp
+from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_account import Account
-from eth_utils import keccak
+from eth_utils import keccak, to_checksum_address
 from web3 import HTTPProvider, Web3
 from web3._utils.method_formatters import receipt_formatter
 from web3.datastructures import AttributeDict
@@ -172,6 +173,37 @@ class ChainClient:
             raise ValueError(f"eth_getLogs failed: {answer['error']}")
         return answer["result"]
 
+    def request(self, method: str, params: list):
+        """One JSON-RPC request straight through the provider: its result; Web3RPCError with
+        the node's message if it answers an error (ContractLogicError for a revert, as web3
+        raises it)."""
+        answer = self.w3.provider.make_request(method, params)
+        if "error" in answer:
+            error = answer["error"]
+            if error.get("code") == 3:
+                raise ContractLogicError(error.get("message", "execution reverted"),
+                                         data=error.get("data"))
+            raise Web3RPCError(f"{method} failed: {error}", rpc_response=answer)
+        return answer["result"]
+
+    def call(self, fn_call, block: int | str = "latest"):
+        """A contract view's result as web3's ``fn_call.call()`` returns it (one output as
+        itself, several as a list, addresses checksummed), from one eth_call: web3's call
+        pipeline cost ~5 ms of CPU per call here, against ~0.5 (it also asks eth_chainId
+        every time)."""
+        output = self.request("eth_call", [
+            {"to": fn_call.address, "data": "0x" + call_data(fn_call).hex()},
+            block if isinstance(block, str) else hex(block)])
+        types = [o["type"] for o in fn_call.abi["outputs"]]
+        values = [to_checksum_address(v) if t == "address" else v
+                  for t, v in zip(types, abi_decode(types, bytes.fromhex(output[2:])),
+                                  strict=True)]
+        return values[0] if len(values) == 1 else values
+
+    def balance(self, address: str) -> int:
+        """An account's balance in wei at the head."""
+        return int(self.request("eth_getBalance", [address, "latest"]), 16)
+
     def _long_poll(self, params: dict) -> dict | None:
         """GET /wait (on this thread's keep-alive connection; the wait is capped below the
         socket timeout): the node's answer, its gas price kept for signing; None where the
@@ -321,7 +353,7 @@ class ChainClient:
 
     def get_job(self, job_id: int) -> dict:
         """The market's view of a job, as a dict keyed like the getJob tuple."""
-        values = self.market.functions.getJob(job_id).call()
+        values = self.call(self.market.functions.getJob(job_id))
         return dict(zip(JOB_FIELDS, values, strict=True))
 
     def close(self) -> None:

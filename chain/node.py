@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,23 +124,23 @@ class Node:
         self._view = None
         self._head = self.chain.get_canonical_head()
         self.decoder = BatchDecoder() if config.decode_process else None
-        self.new_head = threading.Condition()  # notified after every sealed block
+        # called (on the producer thread) after every sealed block: the long polls' wake-up
+        self.on_sealed: list[Callable[[], None]] = []
         # the latest sealed blocks with their receipts, by number: long polls answer from
         # them without taking the lock (the next block may be sealing meanwhile)
         self.recent: OrderedDict[int, tuple] = OrderedDict()
         self.gas_price = self._gas_price(self._head)
+        # a transaction was admitted since the last block took the pending ones (under the
+        # mempool's lock): only then may the mempool hold one that block did not include (a
+        # pending transaction behind a nonce gap must not make the producer seal empty
+        # blocks back to back)
+        self._admitted_since_seal = False
         self._admitting = 0  # admissions in progress (read by the producer)
         self._admissions = threading.Lock()
 
     # --- state ---------------------------------------------------------------------------------
     def head(self):
         return self._head
-
-    def wait_for_block(self, number: int, timeout: float) -> int:
-        """Block until the head is at least `number` (or `timeout` seconds pass); the head."""
-        with self.new_head:
-            self.new_head.wait_for(lambda: self._head.block_number >= number, timeout)
-        return self._head.block_number
 
     def _admission_view(self):
         """(head, state, next base fee), rebuilt once per head: admission reads it many times.
@@ -229,6 +230,7 @@ class Node:
                                  f"committed to pending transactions) < cost {cost}")
             self.mempool.add(tx)
             mark("node admitted")
+            self._admitted_since_seal = True
             if self.config.seal_on_pending:
                 self._wake.notify()
         return tx.hash
@@ -238,6 +240,7 @@ class Node:
         """Pending transactions with consecutive nonces, senders in arrival order."""
         selected = []
         with self.mempool.lock:
+            self._admitted_since_seal = False
             for sender, pending in list(self.mempool.by_sender.items()):
                 nonce = head_state.get_nonce(sender)
                 for stale in [n for n in pending if n < nonce]:
@@ -283,8 +286,11 @@ class Node:
             except BaseException:
                 self.db.discard()
                 raise
+            self._keep_recent(sealed, receipts)
+            self.gas_price = self._gas_price(sealed.header)
             self._set_head(sealed.header, included)
-        self._announce(sealed, receipts)
+        for callback in self.on_sealed:
+            callback()
         return sealed
 
     def _set_head(self, header, included: list[SignedTransactionAPI]) -> None:
@@ -294,14 +300,12 @@ class Node:
             for tx in included:
                 self.mempool.remove(tx)
 
-    def _announce(self, block, receipts: list) -> None:
-        """Keep a sealed block for the long polls and wake them."""
-        self.gas_price = self._gas_price(block.header)
+    def _keep_recent(self, block, receipts: list) -> None:
+        """Keep a sealed block for the long polls (before it becomes the head: a long poll
+        that sees the new head finds it here)."""
         self.recent[block.number] = (block, receipts)
         while len(self.recent) > RECENT_BLOCKS:
             self.recent.popitem(last=False)
-        with self.new_head:
-            self.new_head.notify_all()
 
     def _gather(self) -> None:
         deadline = time.monotonic() + self.config.gather_s
@@ -324,7 +328,7 @@ class Node:
                 while not self._stop:
                     due = self.config.block_time > 0 and time.monotonic() - last >= \
                         self.config.block_time
-                    if due or (self.config.seal_on_pending and len(self.mempool)):
+                    if due or (self.config.seal_on_pending and self._admitted_since_seal):
                         break
                     timeout = self.config.block_time - (time.monotonic() - last) \
                         if self.config.block_time > 0 else None
@@ -335,11 +339,16 @@ class Node:
             self._gather()
             mark("node gathered")
             try:
-                self.seal()
+                block = self.seal()
                 mark("node sealed")
+                more = bool(block.transactions)  # a full block may have left some behind
             except Exception:
                 log.exception("sealing a block failed")
                 time.sleep(0.1)
+                more = True
+            if more and len(self.mempool):
+                with self.mempool.lock:
+                    self._admitted_since_seal = True
             last = time.monotonic()
 
     def start(self) -> None:

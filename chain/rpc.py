@@ -1,6 +1,8 @@
 """Ethereum JSON-RPC over HTTP (POST / and /rpc), blob endpoints and /info, as one ASGI app."""
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import json
 import time
@@ -48,7 +50,14 @@ def d(value: bytes) -> str:
 
 
 def addr(value: bytes | None) -> str | None:
-    return to_checksum_address(value) if value else None
+    return checksummed(value) if value else None
+
+
+@functools.lru_cache(maxsize=4096)
+def checksummed(address: bytes) -> str:
+    """EIP-55 form of an address (its keccak costs ~0.1 ms: the same few addresses come
+    back in every receipt and log)."""
+    return to_checksum_address(address)
 
 
 def parse_quantity(value, name: str) -> int:
@@ -549,9 +558,15 @@ class NodeApp:
     def __init__(self, node: Node, rpc: Rpc, fallback: FastAPI) -> None:
         self.node, self.rpc, self.fallback = node, rpc, fallback
         self.blobs = BlobApp(node.blobs)
-        self.waiters = anyio.CapacityLimiter(256)  # long polls do not take JSON-RPC threads
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # long polls waiting on the event loop: (ready, future); no thread each, one
+        # wake-up of the loop per sealed block (node.on_sealed)
+        self.waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
 
     async def __call__(self, scope, receive, send) -> None:
+        if self.loop is None:
+            self.node.on_sealed.append(self._sealed)
+        self.loop = asyncio.get_running_loop()
         if scope["type"] == "http":
             path, method = scope["path"], scope["method"]
             if path in ("/", "/rpc") and method == "POST":
@@ -630,7 +645,7 @@ class NodeApp:
         node, rpc = self.node, self.rpc
 
         def sealed() -> dict:
-            head = node.wait_for_block(block, timeout)
+            head = node.head().block_number
             answer = {"head": head, "gas_price": node.gas_price}
             if logs is not None and head >= block:
                 found = rpc.recent_logs(logs, block, head)
@@ -643,22 +658,47 @@ class NodeApp:
             return not any(h in node.mempool.by_hash for h in tx_hashes)
 
         def mined() -> dict:
-            with node.new_head:
-                node.new_head.wait_for(left_mempool, timeout)
             receipts = [None if h in node.mempool.by_hash else rpc.recent_receipt(h)
                         for h in tx_hashes]
             mark("rpc wait tx done")
             return {"head": node.head().block_number, "gas_price": node.gas_price,
                     "receipt": receipts[0], "receipts": receipts}
 
-        wait = mined if tx_hashes else sealed
-        ready = left_mempool() if tx_hashes else node.head().block_number >= block
-        if ready:  # answered here, without the two thread hand-offs (each may wait for the
-            # GIL while a block seals: a client often asks once its block is already sealed)
-            answer = wait()
-        else:
-            answer = await anyio.to_thread.run_sync(wait, limiter=self.waiters)
-        await json_reply(send, 200, answer)
+        ready = left_mempool if tx_hashes else lambda: node.head().block_number >= block
+        if not ready():
+            await self._until(ready, timeout)
+        await json_reply(send, 200, mined() if tx_hashes else sealed())
+
+    async def _until(self, ready: Callable[[], bool], timeout: float) -> None:
+        """Wait on the loop until `ready()` holds after a sealed block, or `timeout` s."""
+        waiter = (ready, self.loop.create_future())
+        self.waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter[1], timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+
+    def _sealed(self) -> None:
+        """On the producer thread, after each block: wake the loop for the long polls."""
+        try:
+            self.loop.call_soon_threadsafe(self._wake_waiters)
+        except RuntimeError:  # the server's loop is closed: no long polls to wake
+            pass
+
+    def _wake_waiters(self) -> None:
+        """After a sealed block (on the loop): release the long polls it satisfied."""
+        waiting = []
+        for ready, future in self.waiters:
+            if future.done():
+                continue
+            if ready():
+                future.set_result(None)
+            else:
+                waiting.append((ready, future))
+        self.waiters = waiting
 
 
 def create_app(node: Node) -> NodeApp:

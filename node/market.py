@@ -236,21 +236,24 @@ class Market:
         return self.w3.eth.block_number
 
     def balance_of(self, address: str) -> int:
-        return self.w3.eth.get_balance(address)
+        return self.client.balance(address)
 
     def stake_of(self, address: str) -> int:
-        return self.contract.functions.workerStake(address).call()
+        return self.client.call(self.contract.functions.workerStake(address))
+
+    def min_stake(self) -> int:
+        return self.client.call(self.contract.functions.minStake())
 
     def worker_info(self, address: str) -> tuple[int, int, int]:
         """(stake, withdrawBlock, activeClaims) of a worker."""
-        return tuple(self.contract.functions.workerInfo(address).call())
+        return tuple(self.client.call(self.contract.functions.workerInfo(address)))
 
     def job(self, job_id: int) -> Job:
-        fields = self.contract.functions.getJob(job_id).call()
+        fields = self.client.call(self.contract.functions.getJob(job_id))
         return Job(job_id, *fields)
 
     def job_count(self) -> int:
-        return self.contract.functions.jobCount().call()
+        return self.client.call(self.contract.functions.jobCount())
 
     def wait_for_block(self, number: int, timeout: float) -> int:
         """Wait (long poll) until block `number` exists or `timeout` seconds pass; the head."""

@@ -262,7 +262,7 @@ class Worker:
             stake = self.chain.stake_of(self.address)
             log.info("registered %s with stake %d wei", self.address, stake)
         self._stake_wei = stake
-        self._min_stake = self.chain.contract.functions.minStake().call()
+        self._min_stake = self.chain.min_stake()
         self.metrics.stake.set(stake)
 
     def _resume(self) -> None:

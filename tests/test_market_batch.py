@@ -3,7 +3,9 @@ long poll (GET /wait), against a real node process with locally signed transacti
 
 The reference for every verdict is numpy's product; after each test the market's balance
 must equal its escrow plus stakes."""
+import asyncio
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -208,3 +210,78 @@ def test_one_long_poll_waits_for_several_transactions(node, clients):
     assert answer["receipts"] == [None, expected[0]]
     bad = httpx.get(f"{node.url}/wait", params={"tx": [unknown] * 65, "timeout": 0})
     assert bad.status_code == 400 and "more than 64 tx" in bad.json()["error"]
+
+
+def test_views_from_one_eth_call_equal_web3s(clients):
+    """ChainClient.call (one eth_call, decoded here) returns what web3's call returns for the
+    views the workers read; a call that reverts raises web3's ContractLogicError with the
+    same message; balance() is eth_getBalance."""
+    from web3.exceptions import ContractLogicError
+
+    client = registered(clients[5])
+    [(job, _, _)] = submit_jobs(client, 1)
+    f = client.market.functions
+    for call in (f.getJob(job), f.getJob(10**6), f.workerInfo(client.address),
+                 f.workerStake(client.address), f.jobCount(), f.minStake(), f.totalEscrow()):
+        assert client.call(call) == call.call()
+    assert client.balance(client.address) == client.w3.eth.get_balance(client.address)
+    reverting = f.commitJobs([job], [b"\1" * 32] * 2)
+    with pytest.raises(ContractLogicError) as by_web3:
+        reverting.call()
+    with pytest.raises(ContractLogicError) as by_call:
+        client.call(reverting)
+    assert str(by_call.value) == str(by_web3.value) and "execution reverted" in str(by_web3.value)
+
+
+def pending_behind_gap(client) -> tuple[bytes, bytes, int]:
+    """Two registrations signed, the second sent: it stays pending behind the nonce of the
+    first. (The first, raw; the second's hash; the head once the node sealed the block its
+    admission woke up, without it.)"""
+    first, second = (client.sign(client.market.functions.register(), value=ETHER,
+                                 gas=200_000) for _ in range(2))
+    gapped = client.send_raw(second)
+    time.sleep(0.3)
+    return first, gapped, client.w3.eth.block_number
+
+
+def test_a_transaction_behind_a_nonce_gap_waits_without_empty_blocks(node, clients):
+    """A pending transaction whose nonce is ahead of its sender's next one cannot be
+    included: the node (sealing on pending, no block time) seals no more blocks for it (it
+    sealed hundreds of empty ones a second), and includes it once the gap is filled."""
+    client = clients[7]
+    first, gapped, head = pending_behind_gap(client)
+    time.sleep(0.5)
+    assert client.w3.eth.block_number == head
+    receipts = client.wait_for_receipts([client.send_raw(first), gapped])
+    assert [r["blockNumber"] for r in receipts] == [head + 1, head + 1]
+    assert [r["status"] for r in receipts] == [1, 1]
+
+
+def test_long_polls_of_one_block_all_answered_when_it_is_sealed(node, clients):
+    """Forty long polls wait on the node's event loop at once, for the next block (with the
+    market's logs) and for a pending transaction (behind a nonce gap): the block that
+    includes it answers all of them, each as eth_getLogs and eth_getTransactionReceipt
+    answer; a poll with a short timeout answers with the old head meanwhile."""
+    client = clients[6]
+    first, gapped, head = pending_behind_gap(client)
+    tx = "0x" + gapped.hex()
+    polls = [{"block": head + 1, "logs": MARKET, "timeout": 30}] * 20 + \
+        [{"tx": tx, "timeout": 30}] * 20
+
+    async def wait_all():
+        async with httpx.AsyncClient(timeout=60) as http:
+            waiting = [asyncio.create_task(http.get(f"{node.url}/wait", params=p))
+                       for p in polls]
+            short = await http.get(f"{node.url}/wait", params={"block": head + 1,
+                                                                "timeout": 0.3})
+            assert short.json()["head"] == head and not any(t.done() for t in waiting)
+            await asyncio.to_thread(client.send_raw, first)
+            return [r.json() for r in await asyncio.gather(*waiting)]
+
+    answers = asyncio.run(wait_all())
+    logs = client.w3.provider.make_request("eth_getLogs", [{
+        "address": MARKET, "fromBlock": hex(head + 1), "toBlock": hex(head + 1)}])["result"]
+    receipt = client.w3.provider.make_request("eth_getTransactionReceipt", [tx])["result"]
+    assert len(logs) == 2 and receipt["blockNumber"] == hex(head + 1)
+    assert all(a["head"] == head + 1 and a["logs"] == logs for a in answers[:20])
+    assert all(a["receipt"] == receipt and a["receipts"] == [receipt] for a in answers[20:])
