@@ -51,7 +51,10 @@ class Launch(NamedTuple):
 LAUNCH = Launch(16, 1, 4)
 TILE_BYTES = 32 * 1024  # shared memory for one tile of R (or of B R and the weights)
 ACCUMULATORS = 64  # float32 registers per lane for the row sums
-FILL, FILL_ITEMS = 8, 4  # tile entries (runs of 8 signs) per thread whose loads go together
+# per thread, the tile entries of B R and the weights (FILL) or runs of 8 signs (FILL_ITEMS)
+# whose loads are issued together: one L2 round trip per loop iteration made the tile fills
+# after each barrier cost more than the old kernels' whole launch gaps (H100: 107 -> 90 us)
+FILL, FILL_ITEMS = 8, 4
 _WORKSPACE_IN_USE = threading.Lock()  # one check at a time per workspace (host threads)
 
 SOURCE = r"""
@@ -476,7 +479,8 @@ def prepare(m: int, k: int, n: int, rounds: int, terms: tuple, vec_bc: int, vec_
 @lru_cache(maxsize=16)
 def plan_rows(m: int, k: int, n: int, rounds: int, terms: tuple, vec_bc: int, vec_a: int,
               launch: Launch, rpw_bc: int, rpw_a: int, device: int) -> Plan:
-    """The plan with rpw_bc rows per warp in phase 1, rpw_a in phase 2."""
+    """The plan with rpw_bc rows per warp in phase 1, rpw_a in phase 2 (prepare()'s choice,
+    or a sweep's)."""
     import cupy
 
     kernel = _kernel(options(rounds, vec_bc, vec_a, launch, rpw_bc, rpw_a))
