@@ -2,10 +2,11 @@
 on its best device, uploads and commits the result, and finalises it to get paid.
 
 One process = one key. The job loop runs on the main thread; claimed jobs run on a small
-thread pool (several in flight); the HTTP API runs on its own thread. State (this node's
-jobs, and the next block to scan) is saved to `<data_dir>/worker-state.json` when a job
+thread pool (several in flight); the HTTP API runs on its own thread. State (the jobs in
+flight, and the next block to scan) is saved to `<data_dir>/worker-state.json` when a job
 changes stage (the next block at most once a second, off the job's path), so a restart
-resumes claimed and committed jobs instead of abandoning them.
+resumes claimed and committed jobs instead of abandoning them; a finished job is appended
+once to `<data_dir>/worker-jobs.jsonl` (the node's history, for its dashboard).
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ def rank(job_id: int, worker: str, peers: list[str]) -> int:
     return sum(keccak(key + bytes.fromhex(p[2:])) < mine for p in set(peers) - {worker})
 
 
+def _line(record: JobRecord) -> str:
+    """A job record as one line of the journal."""
+    return json.dumps(vars(record), separators=(",", ":")) + "\n"
+
+
 class Worker:
     def __init__(self, config: WorkerConfig, account: LocalAccount) -> None:
         test_fixture = config.corrupt_results or config.stall_after_claim > 0
@@ -129,6 +135,8 @@ class Worker:
         self._balance_wei = 0
         self._head = 0
         self._state_path = Path(config.data_dir) / "worker-state.json"
+        self._journal_path = Path(config.data_dir) / "worker-jobs.jsonl"
+        self._unjournaled: list[JobRecord] = []  # finished, not yet in the journal
         self._next_block, self.jobs = self._load_state()
         self._saved_block = self._next_block
         self._api_server = None
@@ -138,22 +146,51 @@ class Worker:
     # -- persistence ------------------------------------------------------------------
 
     def _load_state(self) -> tuple[int, list[JobRecord]]:
-        """(next block to scan, this node's job attempts; a reopened job may appear twice)."""
-        if not self._state_path.exists():
-            return 0, []
-        saved = json.loads(self._state_path.read_text())
-        return int(saved["next_block"]), [JobRecord(**j) for j in saved["jobs"]]
+        """(next block to scan, this node's job attempts in the order they started; a
+        reopened job may appear twice). A job that finished just before a crash may be both
+        in the journal and still in flight in the state file: the journal's record counts."""
+        finished: dict[tuple[int, float], JobRecord] = {}  # a later line replaces an earlier
+        lines = self._journal_path.read_text().splitlines() \
+            if self._journal_path.exists() else []
+        for line in lines:
+            try:
+                record = JobRecord(**json.loads(line))
+            except (ValueError, TypeError):  # a line cut short by a crash
+                log.warning("skipped a damaged line of %s", self._journal_path)
+                continue
+            finished[record.job_id, record.started] = record
+        if len(finished) < len(lines):  # rewritten without it: the next line starts afresh
+            self._write(self._journal_path, "".join(_line(r) for r in finished.values()))
+        saved = json.loads(self._state_path.read_text()) if self._state_path.exists() else \
+            {"next_block": 0, "jobs": []}
+        others = [r for r in (JobRecord(**j) for j in saved["jobs"])
+                  if (r.job_id, r.started) not in finished]
+        # a state file written before the journal existed lists finished jobs too
+        self._unjournaled = [r for r in others if r.stage in FINISHED]
+        jobs = sorted([*finished.values(), *others], key=lambda r: r.started)
+        return int(saved["next_block"]), jobs
 
     def _save_state(self) -> None:
+        """Append the jobs finished since the last save to the journal, then rewrite the
+        state file with the jobs in flight: a save costs what changed, not every job this
+        node ever did (rewriting them all made each job's saves grow with the history)."""
         with self._lock:
-            # vars, not asdict (which deep-copies every field): the file lists every job
-            # this node saw, and it is saved on each stage change of a job
-            data = {"next_block": self._next_block, "jobs": [vars(j) for j in self.jobs]}
-            self._saved_block = self._next_block
             self._state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, separators=(",", ":")))
-            os.replace(tmp, self._state_path)
+            if self._unjournaled:
+                with self._journal_path.open("a") as journal:
+                    journal.writelines(map(_line, self._unjournaled))
+                self._unjournaled = []
+            data = {"next_block": self._next_block,
+                    "jobs": [vars(j) for j in self.jobs if j.stage not in FINISHED]}
+            self._saved_block = self._next_block
+            self._write(self._state_path, json.dumps(data, separators=(",", ":")))
+
+    @staticmethod
+    def _write(path: Path, text: str) -> None:
+        """Replace a file's contents at once (a crash leaves the old or the new)."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
     def _set_stage(self, record: JobRecord, stage: str, detail: str = "",
                    save: bool = True) -> None:
@@ -162,6 +199,7 @@ class Worker:
             record.detail = detail
             if stage in FINISHED:
                 record.seconds = time.time() - record.started
+                self._unjournaled.append(record)
         if save:
             self._save_state()
 
