@@ -8,7 +8,6 @@ check on both ends.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_for
@@ -20,12 +19,12 @@ import numpy as np
 import requests
 from eth_abi import decode as abi_decode
 from eth_account.signers.local import LocalAccount
-from eth_utils import keccak, to_checksum_address
+from eth_utils import keccak
 from hexbytes import HexBytes
 from web3.datastructures import AttributeDict
 
 from chain.blobs import blob_id, encode_array
-from chain.client import ChainClient, TransactionReverted
+from chain.client import ChainClient, TransactionReverted, checksummed
 from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
 
 JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
@@ -117,12 +116,6 @@ def _int(value) -> int:
     return int(value, 16) if isinstance(value, str) else value
 
 
-@functools.lru_cache(maxsize=4096)
-def _checksummed(address: str) -> str:
-    """EIP-55 form (a keccak each: the same few workers and the market recur)."""
-    return to_checksum_address(address)
-
-
 def _topic_value(abi_type: str, topic: bytes):
     if abi_type.startswith("uint"):
         return int.from_bytes(topic, "big")
@@ -161,13 +154,13 @@ class EventDecoder:
         values = [_topic_value(t, _bytes(topic)) for (_, t), topic in
                   zip(indexed, topics[1:], strict=True)]
         values += abi_decode([t for _, t in data], _bytes(log["data"]))
-        args = {arg: _checksummed(v) if t == "address" else v
+        args = {arg: checksummed(v) if t == "address" else v
                 for (arg, t), v in zip(indexed + data, values, strict=True)}
         return AttributeDict({
             "args": AttributeDict(args), "event": name, "logIndex": _int(log["logIndex"]),
             "transactionIndex": _int(log["transactionIndex"]),
             "transactionHash": HexBytes(log["transactionHash"]),
-            "address": _checksummed(log["address"]),
+            "address": checksummed(log["address"]),
             "blockHash": HexBytes(log["blockHash"]), "blockNumber": _int(log["blockNumber"]),
         })
 

@@ -285,3 +285,35 @@ def test_long_polls_of_one_block_all_answered_when_it_is_sealed(node, clients):
     assert len(logs) == 2 and receipt["blockNumber"] == hex(head + 1)
     assert all(a["head"] == head + 1 and a["logs"] == logs for a in answers[:20])
     assert all(a["receipt"] == receipt and a["receipts"] == [receipt] for a in answers[20:])
+
+
+def test_receipts_from_long_polls_are_formatted_as_web3_formats_them(node, clients):
+    """formatted_receipt (used on every receipt a long poll brings) gives web3's receipt, field
+    by field and type by type: with logs, reverted without logs, and one whose fields are
+    not the node's hex strings (web3's formatter then)."""
+    from web3._utils.method_formatters import receipt_formatter
+    from web3.datastructures import AttributeDict
+
+    from chain.client import formatted_receipt
+
+    client = registered(clients[4])
+    receipt = client.send(client.market.functions.submitJobs(
+        [b"\1" * 32] * 2, [b"\2" * 32] * 2, [1] * 2, [2] * 2, [2] * 2, [2] * 2, [1] * 2,
+        [FEE] * 2, 50), value=2 * FEE)
+    reverted = client.post(client.market.functions.commitJobs([1], [b"\1" * 32] * 2),
+                           gas=300_000)
+    client.wait_for_block(client.w3.eth.block_number + 1, 5)
+    for tx_hash in (receipt["transactionHash"], reverted):
+        raw = client.w3.provider.make_request("eth_getTransactionReceipt",
+                                              ["0x" + bytes(tx_hash).hex()])["result"]
+        odd = {**raw, "gasUsed": int(raw["gasUsed"], 16)}
+        for value in (raw, odd):
+            expected = AttributeDict.recursive(receipt_formatter(value))
+            got = formatted_receipt(value)
+            assert got == expected == client.w3.eth.get_transaction_receipt(tx_hash)
+            assert {k: type(v) for k, v in got.items()} == \
+                {k: type(v) for k, v in expected.items()}
+            for log, web3_log in zip(got["logs"], expected["logs"], strict=True):
+                assert {k: type(v) for k, v in log.items()} == \
+                    {k: type(v) for k, v in web3_log.items()}
+    assert len(receipt["logs"]) == 2
