@@ -14,6 +14,7 @@ once per row.
 from __future__ import annotations
 
 import ctypes
+import time
 from functools import cache
 
 import numpy as np
@@ -22,6 +23,7 @@ WARPS = 8
 UNROLL = 4  # columns of a row each thread loads before using them (memory-level parallelism)
 TILE_BYTES = 16 * 1024  # shared memory for one tile of W
 ACCUMULATOR_WORDS = 64  # 32-bit registers per thread for the row accumulators
+SPIN_NS = 200_000  # how long wait_for_ticket polls before it synchronises the stream
 
 SOURCE = r"""
 extern "C" __global__ void signed_and_abs(const VF_T* __restrict__ M,
@@ -194,14 +196,28 @@ def argument_block(values) -> tuple[object, object]:
     return arguments, parameters
 
 
-def launch_cooperative(function: int, grid: int, threads: int, parameters) -> None:
+def launch_cooperative(function: int, grid: int, threads: int, parameters, stream: int) -> None:
     """Enqueue a cooperative launch (every block resident, so they may wait for each other)
-    of the CUfunction on the current stream."""
+    of the CUfunction on the stream (a CUstream pointer)."""
     import cupy
 
-    cupy.cuda.driver.launchCooperativeKernel(
-        function, grid, 1, 1, threads, 1, 1, 0, cupy.cuda.get_current_stream().ptr,
-        ctypes.addressof(parameters))
+    cupy.cuda.driver.launchCooperativeKernel(function, grid, 1, 1, threads, 1, 1, 0, stream,
+                                             ctypes.addressof(parameters))
+
+
+def wait_for_ticket(words: memoryview, index: int, ticket: int, stream) -> None:
+    """Return once a kernel has written ticket to words[index] (pinned host memory) after its
+    verdict: polling the word sees it as soon as it lands, where a stream synchronisation
+    also waits for the kernel's blocks to exit and the driver to notice. Past SPIN_NS (the
+    stream is busy with earlier work, or the check is long) the wait synchronises the stream
+    instead (releasing the GIL; a failed launch raises there)."""
+    deadline = time.perf_counter_ns() + SPIN_NS
+    while words[index] != ticket:
+        if time.perf_counter_ns() > deadline:
+            stream.synchronize()
+            if words[index] != ticket:
+                raise RuntimeError("the check's kernel ended without writing its verdict")
+            return
 
 
 def pinned(count: int, dtype) -> tuple[object, np.ndarray]:

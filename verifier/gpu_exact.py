@@ -38,7 +38,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from verifier.gpu import COOPERATIVE, argument_block, launch_cooperative, pinned, resident_blocks
+from verifier.gpu import (
+    COOPERATIVE,
+    argument_block,
+    launch_cooperative,
+    pinned,
+    resident_blocks,
+    wait_for_ticket,
+)
 from verifier.rng import BLOCK_WORDS, FIELD_BLOCK_DOMAIN, P, field_key, field_vectors
 
 
@@ -498,13 +505,13 @@ __device__ __forceinline__ void prefetch_first_rows(
 // derive: words = the first n * rounds words of stream v3 from the key (else words holds
 // them already). X (k, rounds) = B R mod p, Z (m, rounds) = C R mod p; verdict (device) and
 // host_verdict (pinned host memory): rows where A X != Z, the first such row, whether a word
-// was p.
+// was p; then host_verdict[3] = ticket, which the host polls for.
 extern "C" __global__ void __launch_bounds__(CHECK_THREADS)
 check(const VA_T* __restrict__ A, const VB_T* __restrict__ B, const VC_T* __restrict__ C,
       u64 key0, u64 key1, u64 key2, u64 key3, long long derive, u64* words, u64* X, u64* Z,
       long long* verdict, unsigned int* barrier, long long* host_verdict, long long m,
       long long k, long long n, long long rounds, long long limit, long long blocks_b,
-      long long blocks_c, long long blocks_a) {
+      long long blocks_c, long long blocks_a, long long ticket) {
     __shared__ __align__(16) unsigned int tile[CHECK_TILE];
     if (threadIdx.x == 0) prefetch_first_rows(B, C, m, k, n, blocks_b, blocks_c);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -536,6 +543,7 @@ check(const VA_T* __restrict__ A, const VB_T* __restrict__ B, const VC_T* __rest
             host_verdict[1] = result[1];
             host_verdict[2] = result[2];
             __threadfence_system();
+            *(volatile long long*)(host_verdict + 3) = ticket;  // the verdict is complete
         }
     }
 }
@@ -681,21 +689,23 @@ class Workspace(NamedTuple):
     verdict: object  # (3,) int64: rows that differ, the first of them, a word was rejected
     barrier: object  # (3,) uint32, zero between launches: the grid barrier's and the last
     # block's counters
-    pinned: object  # 24 bytes of pinned host memory the kernel writes the verdict to
+    pinned: object  # 32 bytes of pinned host memory the kernel writes the verdict to
     host_verdict: np.ndarray  # (3,) int64 view of pinned
+    host_words: memoryview  # all 4 words of pinned: the verdict and the launch's ticket
 
 
 @lru_cache(maxsize=8)
 def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     import cupy
 
+    memory, words = pinned(4, np.int64)
     return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
                      cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
-                     cupy.zeros(3, np.uint32), *pinned(3, np.int64))
+                     cupy.zeros(3, np.uint32), memory, words[:3], memoryview(words))
 
 
-ARGUMENTS = 22  # the kernel's, 8 bytes each
-KEY_ARGUMENT, DERIVE_ARGUMENT, WORDS_ARGUMENT = 3, 7, 8
+ARGUMENTS = 23  # the kernel's, 8 bytes each
+KEY_ARGUMENT, DERIVE_ARGUMENT, WORDS_ARGUMENT, TICKET_ARGUMENT = 3, 7, 8, 22
 
 
 class Plan(NamedTuple):
@@ -737,7 +747,7 @@ def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
         (0,) * WORDS_ARGUMENT
         + (ws.words.data.ptr, ws.X.data.ptr, ws.Z.data.ptr, ws.verdict.data.ptr,
            ws.barrier.data.ptr, ws.pinned.ptr, m, k, n, rounds,
-           product_bound if check_c else 0, b.blocks, c.blocks, a.blocks))
+           product_bound if check_c else 0, b.blocks, c.blocks, a.blocks, 0))
     assert len(arguments) == ARGUMENTS
     return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters)
 
@@ -751,11 +761,17 @@ def plan_for(A, B, C, rounds: int, bounds: tuple[int, int, int], product_bound: 
                    product_bound, cupy.cuda.runtime.getDevice())
 
 
-def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None) -> np.ndarray:
-    """Enqueue the check on the current stream: vectors derived from key (field_key's 32
-    bytes), or the (rounds, n) C-contiguous device words given. Returns plan's host verdict
-    (rows that differ, the first such row, whether a word was rejected), written by the
-    kernel: read it once the stream has synchronised."""
+def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None, stream=None) -> np.ndarray:
+    """Enqueue the check on the stream (default: the current one): vectors derived from key
+    (field_key's 32 bytes), or the (rounds, n) C-contiguous device words given. Returns
+    plan's host verdict (rows that differ, the first such row, whether a word was rejected),
+    written by the kernel: read it once the kernel has written the launch's ticket
+    (plan.arguments[TICKET_ARGUMENT]) to plan.ws.host_words[3], or the stream has
+    synchronised."""
+    if stream is None:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
     arguments = plan.arguments
     arguments[0], arguments[1], arguments[2] = A.data.ptr, B.data.ptr, C.data.ptr
     if key is None:
@@ -764,8 +780,16 @@ def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None) -> np.ndar
         ctypes.memmove(ctypes.addressof(arguments) + 8 * KEY_ARGUMENT, key, 32)
         arguments[DERIVE_ARGUMENT] = 1
         arguments[WORDS_ARGUMENT] = plan.ws.words.data.ptr
-    launch_cooperative(plan.function, plan.grid, plan.threads, plan.parameters)
+    arguments[TICKET_ARGUMENT] += 1
+    launch_cooperative(plan.function, plan.grid, plan.threads, plan.parameters, stream.ptr)
     return plan.ws.host_verdict
+
+
+def _verdict(plan: Plan, stream) -> tuple[int, int, int]:
+    """The launch's verdict once the kernel has written it."""
+    host_words = plan.ws.host_words
+    wait_for_ticket(host_words, 3, plan.arguments[TICKET_ARGUMENT], stream)
+    return host_words[0], host_words[1], host_words[2]
 
 
 def check(plan: Plan, A, B, C, seed: bytes) -> tuple[int, int]:
@@ -776,15 +800,13 @@ def check(plan: Plan, A, B, C, seed: bytes) -> tuple[int, int]:
 
     stream = cupy.cuda.get_current_stream()
     with _WORKSPACE_IN_USE:
-        verdict = launch(plan, A, B, C, field_key(seed, plan.n, plan.rounds))
-        stream.synchronize()
-        wrong, first, rejected = verdict.tolist()
+        launch(plan, A, B, C, field_key(seed, plan.n, plan.rounds), stream=stream)
+        wrong, first, rejected = _verdict(plan, stream)
         if rejected:  # a word is p (2^-61 each): the host's derivation skips it
             R = field_vectors(seed, plan.n, plan.rounds)
             words = cupy.asarray(np.ascontiguousarray(R.T, dtype=np.uint64))
-            verdict = launch(plan, A, B, C, words=words)
-            stream.synchronize()
-            wrong, first, _ = verdict.tolist()
+            launch(plan, A, B, C, words=words, stream=stream)
+            wrong, first, _ = _verdict(plan, stream)
     return wrong, (first if wrong else 0)
 
 

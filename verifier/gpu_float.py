@@ -521,14 +521,19 @@ def plan_for(A, B, C, rounds: int, terms: tuple, launch: Launch = LAUNCH) -> Pla
                    cupy.cuda.runtime.getDevice())
 
 
-def launch(plan: Plan, A, B, C, bits: bytes) -> np.ndarray:
-    """Enqueue the check on the current stream with the stream's bits (n * rounds of them,
-    rng.Signs.bits). Returns plan's host verdict (worst excess, its row, 1.0 if some excess
-    is not finite), written by the kernel: read it once the stream has synchronised."""
+def launch(plan: Plan, A, B, C, bits: bytes, stream=None) -> np.ndarray:
+    """Enqueue the check on the stream (default: the current one) with the stream's bits
+    (n * rounds of them, rng.Signs.bits). Returns plan's host verdict (worst excess, its row,
+    1.0 if some excess is not finite), written by the kernel: read it once the stream has
+    synchronised."""
+    if stream is None:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
     ctypes.memmove(plan.bits_address, bits, len(bits))
     arguments = plan.arguments
     arguments[0], arguments[1], arguments[2] = A.data.ptr, B.data.ptr, C.data.ptr
-    launch_cooperative(plan.function, plan.grid, plan.threads, plan.parameters)
+    launch_cooperative(plan.function, plan.grid, plan.threads, plan.parameters, stream.ptr)
     return plan.ws.out
 
 
@@ -538,9 +543,10 @@ def check(plan: Plan, A, B, C, bits: bytes) -> tuple[float, int] | None:
     or float32 overflow: the caller decides which)."""
     import cupy
 
+    stream = cupy.cuda.get_current_stream()
     with _WORKSPACE_IN_USE:
-        out = launch(plan, A, B, C, bits)
-        cupy.cuda.get_current_stream().synchronize()
+        out = launch(plan, A, B, C, bits, stream)
+        stream.synchronize()
         worst, row, nonfinite = out.tolist()
     return None if nonfinite else (worst, int(row))
 
