@@ -2,10 +2,10 @@
 
 One lock guards the py-evm chain, another the mempool: transactions are admitted (checked
 against the head's state) while the next block is sealing. A producer thread seals a block
-as soon as
-transactions are pending (``seal_on_pending``; under load it first keeps gathering while
-more arrive, up to ``gather_s``) and at least every ``block_time`` seconds; each sealed
-block is flushed to sqlite in one transaction.
+as soon as a transaction was admitted (``seal_on_pending``; under load it first keeps
+gathering while more arrive, up to ``gather_s``; one waiting behind a nonce gap is left
+pending) and at least every ``block_time`` seconds; each sealed block is flushed to sqlite
+in one transaction.
 """
 from __future__ import annotations
 
