@@ -148,7 +148,8 @@ def _mod_p_reference(M, V):
 
 @pytest.mark.parametrize("dtype, cols", [(np.int8, 4096), (np.int8, 1001), (np.uint8, 300),
                                           (np.int16, 777), (np.uint16, 64), (np.int32, 4096),
-                                          (np.uint32, 513), (np.int64, 100)])
+                                          (np.int32, 1000), (np.int32, 1002), (np.uint32, 513),
+                                          (np.int64, 100)])
 @pytest.mark.parametrize("rounds", [1, 3])
 def test_fused_residues_match_python_integers(dtype, cols, rounds):
     """Both inner loops (dp4a on int8 words, int64 limb sums) at the dtype's extremes, with
@@ -183,6 +184,23 @@ def test_fused_residues_at_the_longest_dp4a_row():
     dM = cupy.asarray(M)
     assert gpu_exact.bytes_path(dM)
     gpu_exact.residues(dM, cupy.asarray(words), 1, cols, 1, 128, None, out,
+                       cupy.empty(3, np.int64))
+    np.testing.assert_array_equal(cupy.asnumpy(out), _mod_p_reference(M, words.T))
+
+
+def test_fused_residues_of_int32_rows_at_the_int64_limit():
+    """int32 rows of 2^15 entries at their extremes against the largest limbs: the int64
+    limb sums reach cols * 2^31 * (2^w - 1), just below 2^63, and stay exact."""
+    from verifier import P, gpu_exact
+
+    cols = 1 << 15
+    assert cols * 2**31 * (2 ** gpu_exact.wide_limb_width(2**31, cols)) > 2**63 - 2**48
+    M = np.empty((3, cols), np.int32)
+    M[0], M[1] = -(2**31), 2**31 - 1
+    M[2] = np.random.default_rng(3).integers(-(2**31), 2**31, cols, dtype=np.int32)
+    words = np.full((1, cols), P - 1, np.uint64)
+    out = cupy.empty((3, 1), np.uint64)
+    gpu_exact.residues(cupy.asarray(M), cupy.asarray(words), 1, cols, 1, 2**31, None, out,
                        cupy.empty(3, np.int64))
     np.testing.assert_array_equal(cupy.asnumpy(out), _mod_p_reference(M, words.T))
 
@@ -271,6 +289,32 @@ def test_more_row_blocks_than_resident_blocks_and_back_to_back_checks():
         assert gpu_exact.check(plan, dA, dB, dW, seed) == (3, 31)
     assert verify(A, B, wrong, precision="exact", seed=SEED) == verify(
         dA, dB, dW, precision="exact", seed=SEED)
+
+
+def test_plans_sharing_a_workspace_never_read_each_others_verdicts():
+    """Two plans of one shape (an int32 and an int16 C) share the workspace and its pinned
+    verdict: checks alternating between them each get their own launch's verdict."""
+    from verifier import gpu_exact
+    from verifier.exact import dtype_magnitude
+
+    rng = np.random.default_rng(15)
+    A = rng.integers(-16, 16, (96, 64), dtype=np.int8)
+    B = rng.integers(-16, 16, (64, 80), dtype=np.int8)
+    C = (A.astype(np.int64) @ B).astype(np.int32)
+    wrong = C.copy()
+    wrong[40, 2] += 1
+    dA, dB = cupy.asarray(A), cupy.asarray(B)
+    product_bound = 64 * 128 * 128
+    plans = {dtype: gpu_exact.plan_for(dA, dB, cupy.asarray(C.astype(dtype)), 1,
+                                       (128, dtype_magnitude(dtype), 128), product_bound)
+             for dtype in (np.int32, np.int16)}
+    assert plans[np.int32].ws is plans[np.int16].ws and plans[np.int32] != plans[np.int16]
+    for i in range(8):
+        seed = i.to_bytes(4, "big")
+        for dtype, plan in plans.items():
+            honest, bad = (i + (dtype == np.int16)) % 2 == 0, cupy.asarray(wrong.astype(dtype))
+            M = cupy.asarray(C.astype(dtype)) if honest else bad
+            assert gpu_exact.check(plan, dA, dB, M, seed) == ((0, 0) if honest else (1, 40))
 
 
 def test_every_wrong_row_is_counted_once_launch_after_launch():

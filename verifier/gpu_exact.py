@@ -32,7 +32,9 @@ the check is then re-run with the host's derivation.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -692,6 +694,7 @@ class Workspace(NamedTuple):
     pinned: object  # 32 bytes of pinned host memory the kernel writes the verdict to
     host_verdict: np.ndarray  # (3,) int64 view of pinned
     host_words: memoryview  # all 4 words of pinned: the verdict and the launch's ticket
+    tickets: Iterator[int]  # one per launch on this workspace, whichever plan launches it
 
 
 @lru_cache(maxsize=8)
@@ -701,7 +704,8 @@ def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     memory, words = pinned(4, np.int64)
     return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
                      cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
-                     cupy.zeros(3, np.uint32), memory, words[:3], memoryview(words))
+                     cupy.zeros(3, np.uint32), memory, words[:3], memoryview(words),
+                     itertools.count(1))
 
 
 ARGUMENTS = 23  # the kernel's, 8 bytes each
@@ -780,7 +784,7 @@ def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None, stream=Non
         ctypes.memmove(ctypes.addressof(arguments) + 8 * KEY_ARGUMENT, key, 32)
         arguments[DERIVE_ARGUMENT] = 1
         arguments[WORDS_ARGUMENT] = plan.ws.words.data.ptr
-    arguments[TICKET_ARGUMENT] += 1
+    arguments[TICKET_ARGUMENT] = next(plan.ws.tickets)
     launch_cooperative(plan.function, plan.grid, plan.threads, plan.parameters, stream.ptr)
     return plan.ws.host_verdict
 
