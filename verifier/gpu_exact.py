@@ -31,7 +31,6 @@ the check is then re-run with the host's derivation.
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
 import threading
 from collections.abc import Iterator
@@ -726,6 +725,8 @@ class Plan(NamedTuple):
     threads: int
     arguments: object  # ctypes array of ARGUMENTS uint64
     parameters: object  # ctypes array of pointers to them (cuLaunchCooperativeKernel's)
+    key: memoryview  # the 32 bytes of arguments that hold the key (a slice assignment is a
+    # plain copy, where ctypes.memmove costs the host most of a microsecond)
 
 
 @lru_cache(maxsize=16)
@@ -753,7 +754,8 @@ def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
            ws.barrier.data.ptr, ws.pinned.ptr, m, k, n, rounds,
            product_bound if check_c else 0, b.blocks, c.blocks, a.blocks, 0))
     assert len(arguments) == ARGUMENTS
-    return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters)
+    key = memoryview(arguments).cast("B")[8 * KEY_ARGUMENT : 8 * KEY_ARGUMENT + 32]
+    return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters, key)
 
 
 def plan_for(A, B, C, rounds: int, bounds: tuple[int, int, int], product_bound: int) -> Plan:
@@ -781,7 +783,7 @@ def launch(plan: Plan, A, B, C, key: bytes | None = None, words=None, stream=Non
     if key is None:
         arguments[DERIVE_ARGUMENT], arguments[WORDS_ARGUMENT] = 0, words.data.ptr
     else:
-        ctypes.memmove(ctypes.addressof(arguments) + 8 * KEY_ARGUMENT, key, 32)
+        plan.key[:] = key
         arguments[DERIVE_ARGUMENT] = 1
         arguments[WORDS_ARGUMENT] = plan.ws.words.data.ptr
     arguments[TICKET_ARGUMENT] = next(plan.ws.tickets)

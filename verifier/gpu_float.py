@@ -27,7 +27,6 @@ which tau charges for any order, and in the order of sum(s) (float64 rounding).
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from functools import lru_cache
 from typing import NamedTuple
@@ -453,7 +452,7 @@ class Plan(NamedTuple):
     terms: the kernel, its grid and arguments (all but A, B, C) and the workspace."""
 
     ws: Workspace
-    bits_address: int  # of the pinned bits
+    host_bits: memoryview  # the pinned bits, as bytes (a slice assignment is a plain copy)
     kernel: object  # the cupy.RawKernel, kept alive while the plan is
     function: int  # its CUfunction
     grid: int  # blocks, all resident at once
@@ -490,7 +489,8 @@ def plan_rows(m: int, k: int, n: int, rounds: int, terms: tuple, vec_bc: int, ve
     grid = min(resident_blocks(kernel, threads, device), max(blocks_b + blocks_c, blocks_a))
     chunks = -(-n * rounds // 128)  # 16-byte words of bits
     f32, f64 = np.float32, np.float64
-    ws = Workspace(pinned(16 * chunks, np.uint8)[0], cupy.empty(16 * chunks + 16, np.uint8),
+    pinned_bits, host_bits = pinned(16 * chunks, np.uint8)
+    ws = Workspace(pinned_bits, cupy.empty(16 * chunks + 16, np.uint8),
                    cupy.asarray(terms, f64), cupy.empty((rounds, k), f32), cupy.empty(k, f32),
                    cupy.empty((m, rounds), f32), cupy.empty(m, f32), cupy.empty(blocks_b, f64),
                    cupy.empty(grid, f64), cupy.empty(grid, np.int64), cupy.empty(grid, np.int32),
@@ -502,7 +502,7 @@ def plan_rows(m: int, k: int, n: int, rounds: int, terms: tuple, vec_bc: int, ve
          ws.barrier.data.ptr, ws.pinned_out.ptr, m, k, n, blocks_b, blocks_c, blocks_a,
          chunks))
     assert len(arguments) == ARGUMENTS
-    return Plan(ws, ws.host_bits.ptr, kernel, kernel.kernel.ptr, grid, threads,
+    return Plan(ws, memoryview(host_bits), kernel, kernel.kernel.ptr, grid, threads,
                 (blocks_b, blocks_c, blocks_a), arguments, parameters)
 
 
@@ -530,7 +530,7 @@ def launch(plan: Plan, A, B, C, bits: bytes, stream=None) -> np.ndarray:
         import cupy
 
         stream = cupy.cuda.get_current_stream()
-    ctypes.memmove(plan.bits_address, bits, len(bits))
+    plan.host_bits[: len(bits)] = bits
     arguments = plan.arguments
     arguments[0], arguments[1], arguments[2] = A.data.ptr, B.data.ptr, C.data.ptr
     launch_cooperative(plan.function, plan.grid, plan.threads, plan.parameters, stream.ptr)
