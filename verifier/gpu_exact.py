@@ -701,6 +701,7 @@ def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     import cupy
 
     memory, words = pinned(4, np.int64)
+    words[:] = 0  # no ticket yet (pinned memory may be reused, holding an old workspace's)
     return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
                      cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
                      cupy.zeros(3, np.uint32), memory, words[:3], memoryview(words),
