@@ -675,7 +675,7 @@ class NodeApp:
         self.waiters.append(waiter)
         try:
             await asyncio.wait_for(waiter[1], timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
             pass
         finally:
             if waiter in self.waiters:
