@@ -206,17 +206,21 @@ class ChainClient:
         """An account's balance in wei at the head."""
         return int(self.request("eth_getBalance", [address, "latest"]), 16)
 
-    def _long_poll(self, params: dict) -> dict | None:
-        """GET /wait (on this thread's keep-alive connection; the wait is capped below the
-        socket timeout): the node's answer, its gas price kept for signing; None where the
-        node has no long poll (another EVM node)."""
+    def _long_poll(self, params: dict, raw: bytes | None = None) -> dict | None:
+        """GET /wait, or POST /wait sending `raw` first (on this thread's keep-alive
+        connection; the wait is capped below the socket timeout): the node's answer, its gas
+        price kept for signing; None where the node has no long poll (another EVM node)."""
         if not self._has_long_poll:
             return None
         params = {**params, "timeout": min(params["timeout"], self.timeout / 2)}
+        url = f"{self.w3.provider.connections.prefix}/wait?{urlencode(params, doseq=True)}"
 
         def send(conn):
-            conn.request("GET", f"{self.w3.provider.connections.prefix}/wait?"
-                                f"{urlencode(params, doseq=True)}")
+            if raw is None:
+                conn.request("GET", url)
+            else:
+                conn.request("POST", url, json.dumps("0x" + raw.hex()),
+                             {"Content-Type": "application/json"})
             return conn.getresponse()
 
         response = self.w3.provider.connections.request(send)
@@ -257,12 +261,33 @@ class ChainClient:
         whose long poll takes one transaction answers for one)."""
         answer = self._long_poll({"tx": ["0x" + h.hex() for h in tx_hashes],
                                   "timeout": self.timeout})
+        return self._receipts_in(answer, tx_hashes)
+
+    def _receipts_in(self, answer: dict | None, tx_hashes: list[bytes]) -> list:
+        """The receipts a long poll's answer carries, `wait_for_receipt` for the others."""
         found = (answer or {}).get("receipts") or [None] * len(tx_hashes)
         if len(found) != len(tx_hashes):
             found = [None] * len(tx_hashes)
         mark("client receipts")
         return [self.wait_for_receipt(h) if r is None else formatted_receipt(r)
                 for h, r in zip(tx_hashes, found, strict=True)]
+
+    def send_and_wait(self, raw: bytes, after: list[bytes] = ()) -> tuple[bytes, list]:
+        """Send a raw transaction and wait for the receipts of transactions sent already
+        (`after`) and then its own: (its hash, the receipts). One POST /wait where the node
+        advertises it (/info), else eth_sendRawTransaction and the long poll; a poll that
+        times out goes on as `wait_for_receipt`. Web3RPCError if the node refuses it."""
+        after = list(after)
+        if not self.info.get("send_and_wait"):
+            tx_hash = self.send_raw(raw)
+            return tx_hash, self.wait_for_receipts([*after, tx_hash])
+        answer = self._long_poll({"tx": ["0x" + h.hex() for h in after],
+                                  "timeout": self.timeout}, raw)
+        if "error" in answer:
+            raise Web3RPCError(f"eth_sendRawTransaction refused: {answer['error']}",
+                               rpc_response=answer)
+        tx_hash = bytes.fromhex(answer["hash"][2:])
+        return tx_hash, self._receipts_in(answer, [*after, tx_hash])
 
     def _receipt(self, tx_hash: bytes):
         try:
@@ -300,12 +325,8 @@ class ChainClient:
                                rpc_response=answer)
         return bytes.fromhex(answer["result"][2:])
 
-    def confirm(self, fn_call, tx_hash: bytes, value: int = 0):
-        """Wait for a posted call's receipt; raises TransactionReverted on status 0."""
-        return self._succeeded(fn_call, tx_hash, value, self.wait_for_receipt(tx_hash))
-
     def confirm_all(self, posted: list[tuple]) -> list:
-        """`confirm` for several posted calls, (fn_call, tx_hash) each (sent without value),
+        """Wait for several posted calls, (fn_call, tx_hash) each (sent without value),
         with one long poll: their receipts in order; TransactionReverted for the first
         that reverted."""
         receipts = self.wait_for_receipts([tx_hash for _, tx_hash in posted])
@@ -318,9 +339,24 @@ class ChainClient:
                                       f"{self._revert_reason(fn_call, value, receipt)}")
         return receipt
 
+    def send_signed(self, fn_call, raw: bytes, value: int = 0, after: list[tuple] = ()) -> list:
+        """Send a transaction `sign` made for `fn_call` and `confirm_all` it with calls posted
+        before it, (fn_call, tx_hash) each (sent without value): their receipts and then its
+        own, from one request where the node allows; TransactionReverted for the first that
+        reverted."""
+        try:
+            tx_hash, receipts = self.send_and_wait(raw, [h for _, h in after])
+        except Exception:
+            self.forget_nonce()
+            raise
+        mark(f"client sent and confirmed {fn_call.fn_name}")
+        calls = [(c, h, 0) for c, h in after] + [(fn_call, tx_hash, value)]
+        return [self._succeeded(c, h, v, receipt)
+                for (c, h, v), receipt in zip(calls, receipts, strict=True)]
+
     def send(self, fn_call, value: int = 0, gas: int | None = None):
         """Sign, send and wait for a contract call; raises TransactionReverted on status 0."""
-        return self.confirm(fn_call, self.post(fn_call, value, gas), value)
+        return self.send_signed(fn_call, self.sign(fn_call, value=value, gas=gas), value)[-1]
 
     def _revert_reason(self, fn_call, value: int, receipt) -> str:
         """Why a mined transaction reverted: the call replayed on the state before its block

@@ -575,26 +575,37 @@ class NodeApp:
             if path == "/wait" and method == "GET":
                 await self.wait(scope, send)
                 return
+            if path == "/wait" and method == "POST":
+                await self.send_and_wait(scope, receive, send)
+                return
             if path == "/blobs" or path.startswith("/blobs/"):
                 await self.blobs(scope, receive, send)
                 return
         await self.fallback(scope, receive, send)
 
-    async def json_rpc(self, receive, send) -> None:
+    @staticmethod
+    async def _json_body(receive, send):
+        """The request's body parsed as JSON; None once an error is answered (413 over
+        MAX_RPC_BODY, JSON-RPC's parse error if it is not JSON)."""
         body = bytearray()
         while True:
             message = await receive()
             body += message.get("body", b"")
             if len(body) > MAX_RPC_BODY:
                 await json_reply(send, 413, {"error": f"request body over {MAX_RPC_BODY} bytes"})
-                return
+                return None
             if not message.get("more_body"):
                 break
         try:
-            payload = json.loads(body)
+            return json.loads(body)
         except ValueError:
             await json_reply(send, 200, Rpc._error(None, RpcError(-32700, "parse error: body is "
                                                                      "not JSON")))
+            return None
+
+    async def json_rpc(self, receive, send) -> None:
+        payload = await self._json_body(receive, send)
+        if payload is None:
             return
         method = payload.get("method") if isinstance(payload, dict) else "batch"
         mark(f"rpc in {method}")
@@ -611,7 +622,17 @@ class NodeApp:
         else:
             await json_reply(send, 200, reply)
 
-    async def wait(self, scope, send) -> None:
+    async def send_and_wait(self, scope, receive, send) -> None:
+        """POST /wait: the body, a raw transaction as a JSON string, is admitted as
+        eth_sendRawTransaction admits it (a refusal answers that method's JSON-RPC error, id
+        null), then the long poll of GET /wait follows with the query's `tx` and this
+        transaction's hash last (also answered as `hash`): one request instead of two for
+        each transaction a client sends and waits for."""
+        raw = await self._json_body(receive, send)
+        if raw is not None:
+            await self.wait(scope, send, raw=raw)
+
+    async def wait(self, scope, send, raw=None) -> None:
         """Long poll: answers once block `block` is sealed, or once transaction `tx` left the
         mempool (mined or dropped), or after `timeout` seconds (at most 60), with the head
         and the gas price eth_gasPrice would give; with `logs=<address>` also that address's
@@ -626,7 +647,7 @@ class NodeApp:
             block = int(query.get("block", ["0"])[-1])
             timeout = min(max(float(query.get("timeout", ["10"])[-1]), 0.0), 60.0)
             tx_hashes = []
-            if len(query.get("tx", [])) > MAX_WAIT_TXS:
+            if len(query.get("tx", [])) + (raw is not None) > MAX_WAIT_TXS:
                 raise invalid_params(f"more than {MAX_WAIT_TXS} tx")
             for value in query.get("tx", []):
                 try:
@@ -642,6 +663,15 @@ class NodeApp:
         except RpcError as exc:
             await json_reply(send, 400, {"error": exc.message})
             return
+        sent = None
+        if raw is not None:  # admitted only once the query is known good
+            reply = self.rpc.handle({"jsonrpc": "2.0", "id": None,
+                                     "method": "eth_sendRawTransaction", "params": [raw]})
+            if "error" in reply:
+                await json_reply(send, 200, reply)
+                return
+            sent = reply["result"]
+            tx_hashes.append(bytes.fromhex(sent[2:]))
         node, rpc = self.node, self.rpc
 
         def sealed() -> dict:
@@ -661,8 +691,9 @@ class NodeApp:
             receipts = [None if h in node.mempool.by_hash else rpc.recent_receipt(h)
                         for h in tx_hashes]
             mark("rpc wait tx done")
-            return {"head": node.head().block_number, "gas_price": node.gas_price,
-                    "receipt": receipts[0], "receipts": receipts}
+            answer = {"head": node.head().block_number, "gas_price": node.gas_price,
+                      "receipt": receipts[0], "receipts": receipts}
+            return answer if sent is None else {**answer, "hash": sent}
 
         ready = left_mempool if tx_hashes else lambda: node.head().block_number >= block
         if not ready():
@@ -721,6 +752,7 @@ def create_app(node: Node) -> NodeApp:
             "reward_pool": to_checksum_address(REWARD_POOL_ADDRESS),
             "precompile": to_checksum_address(FREIVALDS_ADDRESS),
             "head": node.head().block_number,
+            "send_and_wait": True,  # POST /wait
         }
 
     return NodeApp(node, rpc, app)

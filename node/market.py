@@ -203,27 +203,25 @@ class Market:
     def send_signed(self, signed: tuple):
         """Send a `sign_with_gas` call and wait for it: its receipt; TxReverted on revert."""
         call, raw, value = signed
-        return self.client.confirm(call, self.client.post_signed(call, raw), value)
+        return self.client.send_signed(call, raw, value)[-1]
+
+    def send_signed_after(self, posted: list, signed: tuple) -> list:
+        """Send a `sign_with_gas` call and wait for it and for calls posted before it: their
+        receipts and then its own, in one request; TxReverted for the first that reverted."""
+        call, raw, value = signed
+        return self.client.send_signed(call, raw, value, after=posted)
 
     def post_signed(self, signed: tuple):
-        """Send a `sign_with_gas` call without waiting; (call, tx hash) for `confirm`."""
+        """Send a `sign_with_gas` call without waiting; (call, tx hash) for
+        `send_signed_after`."""
         call, raw, _ = signed
         return call, self.client.post_signed(call, raw)
 
     def post_with_gas(self, gas: int, fn_name: str, *args):
         """Send a contract call with a fixed gas limit without waiting; (call, tx hash) for
-        `confirm`."""
+        `send_signed_after`."""
         call = getattr(self.contract.functions, fn_name)(*args)
         return call, self.client.post(call, gas=gas)
-
-    def confirm(self, posted):
-        """The receipt of a `post_with_gas` call; TxReverted if it reverted."""
-        return self.client.confirm(*posted)
-
-    def confirm_all(self, posted: list) -> list:
-        """The receipts of several `post_with_gas` calls, in order, from one long poll;
-        TxReverted for the first that reverted."""
-        return self.client.confirm_all(posted)
 
     def block_number(self) -> int:
         return self.w3.eth.block_number

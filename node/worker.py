@@ -495,10 +495,11 @@ class Worker:
             # this one lands in the next block, the first where finalising is allowed (in
             # the same block it would skip the jobs, and _finalize_all sends it again)
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in ready)
-            early = self._retry(self.chain.post_with_gas, gas, "finalizeJobs", ids)
-            # both receipts from one long poll, answered with the finalisation's block: the
-            # node then answers one request fewer per block while the next block seals
-            receipt, finalized = self.chain.confirm_all([commit, early])
+            early = self.chain.sign_with_gas(gas, "finalizeJobs", ids)
+            # sent with one long poll for both receipts, answered with the finalisation's
+            # block: the node then answers two requests fewer per block while the next
+            # block seals (a retry sends the same transaction: never a second finalisation)
+            receipt, finalized = self._retry(self.chain.send_signed_after, [commit], early)
             mark("worker receipts")
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
