@@ -108,6 +108,36 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     return rows
 
 
+def event_seconds(enqueue, repeats: int, launches: int = 1) -> float:
+    """GPU seconds per launch of `launches` enqueue() calls between two CUDA events, best of
+    repeats: the device's time without the host's gaps when launches > 1."""
+    import cupy
+
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    best = float("inf")
+    for _ in range(repeats):
+        start.record()
+        for _ in range(launches):
+            enqueue()
+        end.record()
+        end.synchronize()
+        best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3 / launches)
+    return best
+
+
+def enqueue_seconds(enqueue, repeats: int, sync):
+    """(host seconds for one enqueue(), not waiting for the GPU, best of repeats; the last
+    call's verdict once the GPU is done)."""
+    host = float("inf")
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        verdict = enqueue()
+        host = min(host, time.perf_counter() - start)
+    sync()
+    return host, verdict
+
+
 def float_pieces(A, B, C, rounds: int, sgemm: float, repeats: int,
                  sync) -> list[tuple[str, float, float]]:
     """The GPU float check's parts: its one launch timed by CUDA events (the bits' copy to
@@ -115,8 +145,6 @@ def float_pieces(A, B, C, rounds: int, sgemm: float, repeats: int,
     the same launch back to back (BACK_TO_BACK launches between two events: the GPU's time
     per check without the host's gaps), the host's time to derive the bits and enqueue it
     (wall clock, not waiting for the GPU), and gpu_float.check() alone."""
-    import cupy
-
     from verifier import gpu_float
     from verifier.floating import bound_terms
     from verifier.rng import Signs
@@ -128,29 +156,9 @@ def float_pieces(A, B, C, rounds: int, sgemm: float, repeats: int,
     def enqueue():
         return gpu_float.launch(plan, A, B, C, Signs(SEED, n, rounds).bits)
 
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    kernel = back_to_back = float("inf")
-    for _ in range(repeats):
-        start.record()
-        enqueue()
-        end.record()
-        end.synchronize()
-        kernel = min(kernel, cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    for _ in range(3):
-        start.record()
-        for _ in range(BACK_TO_BACK):
-            enqueue()
-        end.record()
-        end.synchronize()
-        back_to_back = min(back_to_back,
-                           cupy.cuda.get_elapsed_time(start, end) / 1e3 / BACK_TO_BACK)
-    host = float("inf")
-    for _ in range(repeats):
-        sync()
-        start_s = time.perf_counter()
-        verdict = enqueue()
-        host = min(host, time.perf_counter() - start_s)
-    sync()
+    kernel = event_seconds(enqueue, repeats)
+    back_to_back = event_seconds(enqueue, 3, BACK_TO_BACK)
+    host, verdict = enqueue_seconds(enqueue, repeats, sync)
     assert verdict[0] <= 0 and verdict[2] == 0
     bits = Signs(SEED, n, rounds).bits
     check = best_time(lambda: gpu_float.check(plan, A, B, C, bits), repeats, sync)
@@ -166,8 +174,6 @@ def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, f
     derive the key and enqueue it (wall clock, not waiting for the GPU), and
     gpu_exact.check() alone (key, launch, wait, verdict; verify()'s row less this is the
     Python around it)."""
-    import cupy
-
     from verifier import gpu_exact
     from verifier.rng import field_key
 
@@ -179,21 +185,8 @@ def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, f
     def enqueue():
         return gpu_exact.launch(plan, A, B, C, field_key(SEED, n, 1))
 
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    kernel = float("inf")
-    for _ in range(repeats):
-        start.record()
-        enqueue()
-        end.record()
-        end.synchronize()
-        kernel = min(kernel, cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    host = float("inf")
-    for _ in range(repeats):
-        sync()
-        start_s = time.perf_counter()
-        verdict = enqueue()
-        host = min(host, time.perf_counter() - start_s)
-    sync()
+    kernel = event_seconds(enqueue, repeats)
+    host, verdict = enqueue_seconds(enqueue, repeats, sync)
     assert verdict.tolist() == [0, 2**63 - 1, 0]
     check = best_time(lambda: gpu_exact.check(plan, A, B, C, SEED), repeats, sync)
     return [("  of which 1 launch (CUDA events)", kernel, sgemm),
