@@ -1,5 +1,5 @@
 """Test helpers shared by several test files: float32 tensors and finite differences for the
-framework tests, a node serving blobs for the blob tests."""
+framework tests, a node serving blobs for the blob tests, chain clients for the dev accounts."""
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -45,3 +45,17 @@ def blob_node(data_dir, served_by: str, limit_mb: int) -> Iterator:
         assert listener != proc.port
         proc.blob_port = listener if served_by == "listener" else proc.port
         yield proc
+
+
+@contextmanager
+def dev_clients(url: str, count: int, **options) -> Iterator[list]:
+    """ChainClients of the first `count` genesis-funded dev accounts, closed afterwards."""
+    from chain.client import ChainClient
+    from chain.devnet import dev_accounts
+
+    made = [ChainClient(url, account.key, **options) for account in dev_accounts(count)]
+    try:
+        yield made
+    finally:
+        for client in made:
+            client.close()

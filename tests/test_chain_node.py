@@ -14,10 +14,11 @@ import pytest
 import rlp
 from eth_account import Account
 from eth_hash.auto import keccak
+from helpers import dev_clients
 from web3.exceptions import ContractLogicError
 
 from chain.blobs import encode_array
-from chain.client import ChainClient, TransactionReverted
+from chain.client import TransactionReverted
 from chain.devnet import dev_accounts
 from chain.launch import NodeProcess
 from chain.node import Node, NodeConfig, TxRejected
@@ -41,10 +42,8 @@ def node(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def clients(node):
-    made = [ChainClient(node.url, account.key) for account in dev_accounts(10)]
-    yield made
-    for c in made:
-        c.close()
+    with dev_clients(node.url, 10) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

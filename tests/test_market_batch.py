@@ -10,9 +10,9 @@ import time
 import httpx
 import numpy as np
 import pytest
+from helpers import dev_clients
 
-from chain.client import ChainClient, TransactionReverted
-from chain.devnet import dev_accounts
+from chain.client import TransactionReverted
 from chain.launch import NodeProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,10 +32,8 @@ def node(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def clients(node):
-    made = [ChainClient(node.url, account.key) for account in dev_accounts(8)]
-    yield made
-    for c in made:
-        c.close()
+    with dev_clients(node.url, 8) as made:
+        yield made
 
 
 @pytest.fixture(autouse=True)

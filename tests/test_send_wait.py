@@ -8,6 +8,7 @@ import threading
 import httpx
 import pytest
 from eth_utils import keccak
+from helpers import dev_clients
 from web3.exceptions import Web3RPCError
 
 from chain.client import ChainClient, TransactionReverted
@@ -26,10 +27,8 @@ def node(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def clients(node):
-    made = [ChainClient(node.url, account.key, timeout=4.0) for account in dev_accounts(4)]
-    yield made
-    for c in made:
-        c.close()
+    with dev_clients(node.url, 4, timeout=4.0) as made:
+        yield made
 
 
 def rpc(node, method: str, *params):
