@@ -284,8 +284,7 @@ class ChainClient:
         answer = self._long_poll({"tx": ["0x" + h.hex() for h in after],
                                   "timeout": self.timeout}, raw)
         if "error" in answer:
-            raise Web3RPCError(f"eth_sendRawTransaction refused: {answer['error']}",
-                               rpc_response=answer)
+            raise _refused(answer)
         tx_hash = bytes.fromhex(answer["hash"][2:])
         return tx_hash, self._receipts_in(answer, [*after, tx_hash])
 
@@ -321,8 +320,7 @@ class ChainClient:
         Web3RPCError with the node's message if the node refuses it."""
         answer = self.w3.provider.make_request("eth_sendRawTransaction", ["0x" + raw.hex()])
         if "error" in answer:
-            raise Web3RPCError(f"eth_sendRawTransaction refused: {answer['error']}",
-                               rpc_response=answer)
+            raise _refused(answer)
         return bytes.fromhex(answer["result"][2:])
 
     def confirm_all(self, posted: list[tuple]) -> list:
@@ -398,6 +396,13 @@ class ChainClient:
         self.blobs.close()
         self.w3.provider.connections.close()
         self.http.close()
+
+
+def _refused(answer: dict) -> Web3RPCError:
+    """The error for a raw transaction the node refused (eth_sendRawTransaction's answer,
+    or POST /wait's)."""
+    return Web3RPCError(f"eth_sendRawTransaction refused: {answer['error']}",
+                        rpc_response=answer)
 
 
 @functools.lru_cache(maxsize=4096)
