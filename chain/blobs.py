@@ -14,6 +14,7 @@ import errno
 import os
 import struct
 import tempfile
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -33,17 +34,20 @@ DTYPES: dict[int, np.dtype] = {
 DTYPE_CODES = {dt: code for code, dt in DTYPES.items()}
 MAX_NDIM = 8
 PIPELINE_BYTES = 1 << 20  # an upload is hashed and written in steps of this size, on threads
-WRITEBACK_BYTES = 4 << 20  # ... and its write-back to disk started every this many bytes
+WRITE_DEPTH = 2  # ... this many steps of one upload written at once, each at its own offset
 BACKLOG_BYTES = 16 << 20  # received but not yet hashed and written, at most (memory bound)
 SYNC_THREADS = 16  # fdatasyncs of one group commit in flight together
 SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start write-back of the range, do not wait
 DIRECT_ALIGN = 4096  # O_DIRECT writes: memory address, file offset and length multiples of it
-# Linux's sync_file_range(2) (None elsewhere: the final fdatasync then flushes everything);
-# ctypes calls release the GIL
-_start_writeback = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True),
-                           "sync_file_range", None)
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# Linux's sync_file_range(2) and fallocate(2) (None elsewhere: the final fdatasync then
+# flushes everything, and the file grows as it is written); ctypes calls release the GIL
+_start_writeback = getattr(_libc, "sync_file_range", None)
 if _start_writeback is not None:
     _start_writeback.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_allocate = getattr(_libc, "fallocate", None)
+if _allocate is not None:
+    _allocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 
 
 def encode_array(array: np.ndarray) -> bytes:
@@ -155,7 +159,7 @@ class BlobStore:
         if declared_size is not None and declared_size > self.max_bytes:
             raise BlobTooLarge(f"blob of {declared_size} bytes exceeds the {self.max_bytes}-byte "
                                "limit")
-        return BlobWriter(self)
+        return BlobWriter(self, declared_size)
 
     def commit_uploads(self, uploads: list[tuple[BlobWriter, bytes]]
                        ) -> tuple[list[str], list[str]]:
@@ -211,12 +215,17 @@ class BlobWriter:
     the store's `sync_directory()`.
 
     A blob from `PIPELINE_BYTES` on is a pipeline: every `PIPELINE_BYTES` received go to a
-    hash thread and a write thread (the hasher and os.write release the GIL), so chunk i is
-    hashed and written while chunk i+1 is received; the write thread also starts the
-    disk's write-back every `WRITEBACK_BYTES`, so the final fdatasync has little left to
-    flush. Smaller blobs are hashed and written by `check()`, on the caller's thread.
-    Chunks handed to `write()` must not change afterwards (they are kept until written;
-    `settled` says how many bytes from the start are hashed and written).
+    hash thread and to one of `WRITE_DEPTH` write threads (the hasher and os.pwrite release
+    the GIL), so chunk i is hashed and written while chunk i+1 is received, and the disk
+    has `WRITE_DEPTH` writes of the blob in flight at their own offsets. A declared size is
+    allocated up front (fallocate), so those writes land inside the file: ext4 serialises
+    direct writes that extend a file or fill a hole (measured on the 16-core host, 64 MiB
+    with two writes in flight: 1.58 GB/s median appended, 1.99 allocated; this VM 1.20
+    against 1.52). Chunks written through the page cache have their write-back started at
+    once, so the final fdatasync has little left to flush. Smaller blobs are hashed and
+    written by `check()`, on the caller's thread. Chunks handed to `write()` must not change
+    afterwards (they are kept until written; `settled` says how many bytes from the start
+    are hashed and written).
 
     A chunk whose memory and file offset are `DIRECT_ALIGN`-aligned (the blob listener's
     receive buffers) is written with O_DIRECT, from the buffer straight to the disk, its
@@ -224,20 +233,22 @@ class BlobWriter:
     fdatasync took 22-102 ms (fresh page-cache pages are costly here), O_DIRECT 13-15 ms
     and 2.5 ms of CPU. Other chunks are written through the page cache."""
 
-    def __init__(self, store: BlobStore) -> None:
+    def __init__(self, store: BlobStore, declared_size: int | None = None) -> None:
         self.store = store
+        self.declared_size = declared_size
         self.id: bytes | None = None  # set once the body checked out
         self.digest = blob_hasher()
         self.size = 0
         self.prefix = bytearray()  # the first bytes, enough for the header and dims
         self.fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
         self.direct_fd = -1  # the temp file opened with O_DIRECT, once a chunk qualifies
+        self.allocated = 0  # file size set up front
         self.received: list = []  # chunks not yet handed to the hash and write steps
         self.received_bytes = 0
         self.lanes: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self.in_flight: deque[tuple[Future, Future, int]] = deque()
         self.in_flight_bytes = 0
-        self.written = self.writeback_from = self.settled = 0
+        self.handed = self.settled = 0  # bytes handed to the write steps; hashed and written
         self.aborted = False
 
     def write(self, chunk: bytes | memoryview) -> None:
@@ -275,55 +286,73 @@ class BlobWriter:
     def _hand_over(self) -> None:
         chunks, self.received, nbytes = self.received, [], self.received_bytes
         self.received_bytes = 0
+        if self.direct_fd < 0 and self.store.direct_io and \
+                self._direct_bytes(memoryview(chunks[0]).cast("B"), self.handed, opened=False):
+            self._open_direct()
         if self.lanes is None:
+            self._allocate()
             self.lanes = (ThreadPoolExecutor(1, thread_name_prefix="blob-hash"),
-                          ThreadPoolExecutor(1, thread_name_prefix="blob-write"))
+                          ThreadPoolExecutor(WRITE_DEPTH, thread_name_prefix="blob-write"))
         self.in_flight.append((self.lanes[0].submit(self._hash, chunks),
-                               self.lanes[1].submit(self._write, chunks), nbytes))
+                               self.lanes[1].submit(self._write, chunks, self.handed), nbytes))
+        self.handed += nbytes
         self.in_flight_bytes += nbytes
+
+    def _open_direct(self) -> None:
+        """The O_DIRECT descriptor, opened on the receiving thread before the first step
+        that can use it (the write threads share it)."""
+        try:
+            self.direct_fd = os.open(self.tmp, os.O_WRONLY | os.O_DIRECT)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.store.direct_io = False  # the filesystem refuses O_DIRECT
+
+    def _allocate(self) -> None:
+        """The declared size allocated before the first write step (best effort: a
+        filesystem without fallocate grows the file as it is written)."""
+        if _allocate is not None and self.declared_size and \
+                _allocate(self.fd, 0, 0, self.declared_size) == 0:
+            self.allocated = self.declared_size
 
     def _hash(self, chunks: list) -> None:
         for chunk in chunks:
             self.digest.update(chunk)
 
-    def _write(self, chunks: list) -> None:
+    def _write(self, chunks: list, offset: int) -> None:
+        """Write `chunks` from file offset `offset` (a write thread; steps run side by
+        side)."""
         if self.aborted:
             return
+        buffered = []
         for chunk in chunks:
             view = memoryview(chunk).cast("B")
-            direct = self._direct_bytes(view)
+            direct = self._direct_bytes(view, offset)
             if direct:
                 try:
-                    self._pwrite(self._direct_fd(), view[:direct])
+                    _pwrite(self.direct_fd, view[:direct], offset)
                 except OSError as exc:
                     if exc.errno != errno.EINVAL:
                         raise
                     self.store.direct_io = False  # the filesystem refuses O_DIRECT
                     direct = 0
-            self._pwrite(self.fd, view[direct:])
-        if _start_writeback is not None and \
-                self.written - self.writeback_from >= WRITEBACK_BYTES:
-            _start_writeback(self.fd, self.writeback_from, self.written - self.writeback_from,
-                             SYNC_FILE_RANGE_WRITE)
-            self.writeback_from = self.written
+            if direct < len(view):
+                _pwrite(self.fd, view[direct:], offset + direct)
+                buffered.append((offset + direct, len(view) - direct))
+            offset += len(view)
+        if _start_writeback is not None and buffered:
+            start = buffered[0][0]
+            _start_writeback(self.fd, start, sum(buffered[-1]) - start, SYNC_FILE_RANGE_WRITE)
 
-    def _direct_bytes(self, view: memoryview) -> int:
-        """How much of `view`, written next, can go with O_DIRECT (whole aligned blocks)."""
-        if not self.store.direct_io or self.written % DIRECT_ALIGN or len(view) < DIRECT_ALIGN \
-                or np.frombuffer(view, np.uint8).ctypes.data % DIRECT_ALIGN:
+    def _direct_bytes(self, view: memoryview, offset: int, opened: bool = True) -> int:
+        """How much of `view`, written at `offset`, can go with O_DIRECT (whole aligned
+        blocks; `opened`: through the descriptor opened for it)."""
+        if (opened and self.direct_fd < 0) or not self.store.direct_io or \
+                offset % DIRECT_ALIGN or \
+                len(view) < DIRECT_ALIGN or np.frombuffer(view, np.uint8).ctypes.data % \
+                DIRECT_ALIGN:
             return 0
         return len(view) - len(view) % DIRECT_ALIGN
-
-    def _direct_fd(self) -> int:
-        if self.direct_fd < 0:
-            self.direct_fd = os.open(self.tmp, os.O_WRONLY | os.O_DIRECT)
-        return self.direct_fd
-
-    def _pwrite(self, fd: int, view: memoryview) -> None:
-        while view:
-            n = os.pwrite(fd, view, self.written)
-            self.written += n
-            view = view[n:]
 
     def finish(self) -> None:
         """Hash and write everything received so far (blocks); raises what a hash or write
@@ -331,8 +360,8 @@ class BlobWriter:
         if self.lanes is None:
             chunks, self.received, self.received_bytes = self.received, [], 0
             self._hash(chunks)
-            self._write(chunks)
-            self.settled = self.size
+            self._write(chunks, self.handed)
+            self.handed = self.settled = self.size
             return
         if self.received:
             self._hand_over()
@@ -374,6 +403,8 @@ class BlobWriter:
             if target.exists():
                 self.abort()
                 return
+            if self.allocated > self.size:  # declared more than came: the file is the blob
+                os.ftruncate(self.fd, self.size)
             os.fdatasync(self.fd)
             self._close()
             os.replace(self.tmp, target)
@@ -383,17 +414,31 @@ class BlobWriter:
 
     def abort(self) -> None:
         """Drop the upload. Steps still queued are skipped; the file is closed and removed
-        once a running write step is done with it (on the write thread: never blocks)."""
+        once the write steps running are done with it (on their threads: never blocks)."""
         if self.aborted:
             return
         self.aborted = True
         lanes, self.lanes = self.lanes, None
-        if lanes is not None:
-            lanes[0].shutdown(wait=False, cancel_futures=True)
-            lanes[1].submit(self._remove)
-            lanes[1].shutdown(wait=False)
-        else:
+        if lanes is None:
             self._remove()
+            return
+        for lane in lanes:
+            lane.shutdown(wait=False, cancel_futures=True)
+        running = [written for _, written, _ in self.in_flight if not written.done()]
+        remaining = [len(running)]
+        lock = threading.Lock()
+
+        def step_done(_: Future) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self._remove()
+
+        if not running:
+            self._remove()
+        for written in running:
+            written.add_done_callback(step_done)
 
     def _remove(self) -> None:
         self._close()
@@ -408,3 +453,10 @@ class BlobWriter:
             for lane in self.lanes:
                 lane.shutdown(wait=False)
             self.lanes = None
+
+
+def _pwrite(fd: int, view: memoryview, offset: int) -> None:
+    while view:
+        n = os.pwrite(fd, view, offset)
+        offset += n
+        view = view[n:]
