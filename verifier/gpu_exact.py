@@ -71,10 +71,11 @@ LAUNCH = {("bytes", 1): Launch(16, 4, 2, 32 * 1024), ("wide", 1): Launch(16, 8, 
           ("bytes", 4): Launch(16, 4, 2, 32 * 1024), ("wide", 4): Launch(16, 4, 2, 32 * 1024)}
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
 # B's and C's first rows fetched into the L2 while the vectors are derived (the H100's L2
-# holds 50 MB). Measured on an H100 at n = 4096, back-to-back checks: 62.0 us a check with
-# 32 MiB, 63.2 without (16 MiB 62.3, 48 MiB 61.2); n = 8192 174.4 against 174.9 us: a small
-# gain, near the noise, that hides half the derivation (removing it saves 3.9 us, not 8).
-PREFETCH_BYTES, PREFETCH_CHUNK = 32 << 20, 64 << 10
+# holds 50 MiB). H100, one launch back to back, alternately in one process, with the passes'
+# loads skipping L1: n = 4096 52.0-52.7 us with 48 MiB, 53.4-54.2 with 32, 55.4-55.9 with 16,
+# 58.5-58.9 without; n = 8192 167.9, 168.8, 169.8, 170.5. With the words given (no
+# derivation) 51.0-51.1 us at 4096: the derivation's ~2.5 us are now mostly hidden.
+PREFETCH_BYTES, PREFETCH_CHUNK = 48 << 20, 64 << 10
 MAX_BYTES_COLS = 1 << 16  # int32 dp4a sums of a whole row cannot overflow up to this
 # int8 rows read 16 bytes at a time take the tensor cores (mma) up to this length, dp4a
 # beyond. H100, back-to-back checks, the same run: n = 4096 58.0 us with mma against 61.4
@@ -176,7 +177,8 @@ __device__ __forceinline__ void mma_s8_u8(int* d, int a0, int a1, int a2, int a3
 }
 // A 16-byte load of matrix data, which every pass reads once: not kept in L1, and the L2 asked
 // to fetch the whole 256-byte block around it (H100, back-to-back checks at n = 4096: 53.6
-// against 58.1-58.5 us with __ldg; n = 8192 170.1 against 173.8-174.1).
+// against 58.1-58.5 us with __ldg; n = 8192 170.1 against 173.8-174.1). The L1 hint is the
+// part that counts: without it (256-byte fetches alone) 58.1 us, as with __ldg.
 __device__ __forceinline__ int4 load_once(const int4* p) {
 #if __CUDA_ARCH__ >= 800
     int4 v;
