@@ -6,7 +6,10 @@ trailing hash or a cut connection stores nothing and leaves no temp file; a blob
 already has stops being sent once its hash is known. Then the listener's HTTP/1.1 itself
 (`chain/blobserver.py`, a real server on 127.0.0.1): keep-alive and pipelined requests,
 `Expect: 100-continue`, refused requests with the connection kept or closed as they must
-be, shutdown in the middle of an upload, and how `chain up` picks and advertises its port."""
+be, shutdown in the middle of an upload, and how `chain up` picks and advertises its port.
+Last, downloads of recent uploads from memory: only after the pool has buffers at hand,
+never for a refused or cut upload, evicted by bytes, a blob being sent kept until its sends
+are done (checked by overwriting the files on disk, so only memory can give the bytes)."""
 import http.client
 import json
 import mmap
@@ -465,3 +468,172 @@ def test_chain_client_reaches_blobs_through_the_rpc_port_when_the_blob_port_is_u
             client.close()
             front.close()
             done.result(timeout=35)
+
+
+# -- downloads of recent uploads from memory -----------------------------------------------
+
+def raw_get(port: int, id_hex: str) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.request("GET", f"/blobs/0x{id_hex}")
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    assert response.status == 200, body
+    return body
+
+
+def overwrite_on_disk(store: BlobStore, id_hex: str) -> None:
+    """Replace a stored blob's file by other bytes of its size: a download that returns the
+    uploaded bytes after this did not read the disk."""
+    path = store.directory / id_hex
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def settle(server: BlobServer, idle: int = 0) -> None:
+    """Wait (bounded) until the pool's background growth is over and `idle` bytes of its
+    buffers are at hand (`server.pool.grow` first when asked for more than it has)."""
+    if server.pool.idle_bytes() < idle:
+        server.pool.grow(idle)
+    deadline = time.monotonic() + 20
+    while (server.pool.growing or server.pool.idle_bytes() < idle) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not server.pool.growing and server.pool.idle_bytes() >= idle
+
+
+def test_a_cold_listener_grows_its_pool_before_it_caches(tmp_path):
+    """With no idle buffers the first large upload is not cached (it would fault in fresh
+    memory while it receives); the pool grows on a thread of its own, and the next upload is
+    kept and served from memory."""
+    store = BlobStore(tmp_path / "blobs", max_bytes=LIMIT_MB << 20)
+    rng = np.random.default_rng(10)
+    first, second = (encode_array(rng.standard_normal(3 << 18).astype(np.float32))
+                     for _ in range(2))
+    with BlobServer(store, recent_bytes=8 << 20) as server:
+        client = BlobClient(f"http://127.0.0.1:{server.port}/blobs", LIMIT_MB << 20)
+        client.put(first)
+        assert list(server.recent.blobs) == [] and server.recent.held == 0
+        settle(server)
+        assert server.pool.idle_bytes() >= 5 << 20  # the upload's size and two buffers
+        id_ = client.put(second)
+        assert list(server.recent.blobs) == [id_]
+        overwrite_on_disk(store, id_.hex())
+        assert bytes(client.get(id_)) == second
+        client.close()
+
+
+def test_recent_uploads_are_served_from_memory_and_evicted_by_bytes(tmp_path):
+    """Streamed uploads (`POST`, the client's way) and a large `PUT` (its partial last buffer
+    copied) are kept up to the byte bound, least recently used evicted first; a cached blob
+    comes back bit for bit (BLAKE3 checked by the client) without reading the disk, an
+    evicted one from its file; the memory held always matches the blobs cached."""
+    store = BlobStore(tmp_path / "blobs", max_bytes=LIMIT_MB << 20)
+    rng = np.random.default_rng(11)
+    blobs = [encode_array(rng.standard_normal(n).astype(np.float32))
+             for n in (3 << 18, (3 << 18) + 77, 1 << 19)]  # 3 MiB, 3 MiB + 308 B, 2 MiB
+    ids = [blake3.blake3(b).hexdigest() for b in blobs]
+    with BlobServer(store, recent_bytes=8 << 20) as server:
+        settle(server, 16 << 20)
+        client = BlobClient(f"http://127.0.0.1:{server.port}/blobs", LIMIT_MB << 20)
+        client.put(blobs[0])
+        conn = http.client.HTTPConnection("127.0.0.1", server.port)
+        conn.request("PUT", f"/blobs/0x{ids[1]}", blobs[1])
+        assert conn.getresponse().status == 200
+        conn.close()
+        recent = server.recent
+        assert list(recent.blobs) == [bytes.fromhex(i) for i in ids[:2]]
+        assert recent.held == sum(b.nbytes for b in recent.blobs.values()) <= 8 << 20
+        overwrite_on_disk(store, ids[0])
+        assert bytes(client.get(bytes.fromhex(ids[0]))) == blobs[0]  # from memory
+        client.put(blobs[2])  # over the bound: evicts the least recently used, blob 1
+        assert list(recent.blobs) == [bytes.fromhex(i) for i in (ids[0], ids[2])]
+        assert recent.held == sum(b.nbytes for b in recent.blobs.values()) <= 8 << 20
+        assert bytes(client.get(bytes.fromhex(ids[1]))) == blobs[1]  # from disk
+        overwrite_on_disk(store, ids[2])
+        assert raw_get(server.port, ids[2]) == blobs[2]
+        client.close()
+
+
+def test_refused_and_cut_uploads_are_never_cached(tmp_path):
+    """An upload whose id does not check out, a batch of several blobs and a connection cut
+    mid-body leave nothing cached and no memory reserved; a download of the refused id is
+    404, not the refused bytes."""
+    store = BlobStore(tmp_path / "blobs", max_bytes=LIMIT_MB << 20)
+    blob = encode_array(np.random.default_rng(12).standard_normal(3 << 18).astype(np.float32))
+    forged = blake3.blake3(blob + b"!").hexdigest()
+    framed = len(blob).to_bytes(8, "little") + blob
+    with BlobServer(store, recent_bytes=16 << 20) as server:
+        settle(server, 16 << 20)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port)
+        conn.request("POST", "/blobs/", framed + bytes.fromhex(forged))
+        assert conn.getresponse().status == 400
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", server.port)
+        conn.request("PUT", f"/blobs/0x{forged}", blob)
+        assert conn.getresponse().status == 400
+        conn.close()
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"POST /blobs/ HTTP/1.1\r\nContent-Length: "
+                         + str(len(framed) + 32).encode() + b"\r\n\r\n" + framed[:2 << 20])
+        assert wait_for_files(store.directory, []) == []
+        deadline = time.monotonic() + 10  # the cut connection's thread lets go (bounded)
+        while server.recent.held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (server.recent.held, list(server.recent.blobs)) == (0, [])
+        conn = http.client.HTTPConnection("127.0.0.1", server.port)
+        conn.request("GET", f"/blobs/0x{forged}")
+        assert conn.getresponse().status == 404
+        conn.close()
+        pair = [blob, encode_array(np.arange(5, dtype=np.int8))]
+        body = b"".join(len(b).to_bytes(8, "little") + b + blake3.blake3(b).digest()
+                        for b in pair)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port)
+        conn.request("POST", "/blobs/", body)
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert (server.recent.held, list(server.recent.blobs)) == (0, [])
+        settle(server)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port)  # the check: this one is
+        conn.request("POST", "/blobs/", framed + blake3.blake3(blob).digest())  # cached
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert list(server.recent.blobs) == [blake3.blake3(blob).digest()]
+
+
+def test_concurrent_downloads_of_a_cached_blob_while_it_is_evicted(tmp_path):
+    """Four downloads of one cached blob stalled mid-send (small receive windows) while
+    uploads evict it and take memory: a blob being sent keeps its buffers until its last
+    send, so every download completes bit for bit; then the memory held is the cache's."""
+    store = BlobStore(tmp_path / "blobs", max_bytes=LIMIT_MB << 20)
+    rng = np.random.default_rng(13)
+    first = encode_array(rng.standard_normal(5 << 18).astype(np.float32))  # 5 MiB
+    others = [encode_array(rng.standard_normal(5 << 18).astype(np.float32)) for _ in range(3)]
+    with BlobServer(store, recent_bytes=6 << 20) as server:
+        settle(server, 16 << 20)
+        client = BlobClient(f"http://127.0.0.1:{server.port}/blobs", LIMIT_MB << 20)
+        id_ = client.put(first)
+        assert list(server.recent.blobs) == [id_]
+        downloads = []
+        for _ in range(4):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(f"GET /blobs/0x{id_.hex()} HTTP/1.1\r\n\r\n".encode())
+            reader = sock.makefile("rb")
+            while reader.readline() not in (b"\r\n", b""):
+                pass
+            downloads.append((sock, reader, reader.read(1 << 16)))
+        assert server.recent.blobs[id_].readers == 4  # all four sends under way
+        assert [client.put(b) for b in others] == [blake3.blake3(b).digest() for b in others]
+        assert id_ not in server.recent.blobs
+        for sock, reader, start in downloads:
+            assert start + reader.read(len(first) - len(start)) == first
+            sock.close()
+        deadline = time.monotonic() + 10  # the last send's thread lets go (bounded)
+        while server.recent.held != sum(b.nbytes for b in server.recent.blobs.values()) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.recent.held == sum(b.nbytes for b in server.recent.blobs.values())
+        with futures.ThreadPoolExecutor(8) as pool:  # and from disk, eight at once
+            assert all(g == first for g in pool.map(lambda _: bytes(client.get(id_)), range(8)))
+        client.close()
