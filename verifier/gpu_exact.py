@@ -66,9 +66,13 @@ class Launch(NamedTuple):
 # 18 per inner loop (warps 8/16, unroll 1/2/4, rows 1/2/4; the best 4-7% below the median).
 # 16-byte loads re-swept in the one-launch check (both inner loops alike, 18 variants, CUDA
 # events): unroll 4, rows 2 took n = 4096 from 79 to 69 us, n = 8192 the same 177 us.
-# A 32 KiB tile holds a 4096-long vector's 8 byte limbs whole: a block fills it once.
+# A 32 KiB tile holds a 4096-long vector's 8 byte limbs whole: a block fills it once. The
+# 16-byte wide pass's 48 KiB (the most static shared memory) hold 4096 entries' 3 limbs whole
+# (C of int8 operands at n = 4096), so C's row blocks wait for one fill instead of two (H100,
+# one launch back to back, alternately in one process: n = 4096 49.7-49.8 against 50.5-50.7
+# us with 32 KiB, n = 8192 165.4-165.5 against 167.0-167.1).
 LAUNCH = {("bytes", 1): Launch(16, 4, 2, 32 * 1024), ("wide", 1): Launch(16, 8, 2, 32 * 1024),
-          ("bytes", 4): Launch(16, 4, 2, 32 * 1024), ("wide", 4): Launch(16, 4, 2, 32 * 1024)}
+          ("bytes", 4): Launch(16, 4, 2, 32 * 1024), ("wide", 4): Launch(16, 4, 2, 48 * 1024)}
 MAX_ROUNDS = 4  # more rounds take the generic path (registers)
 # B's and C's first rows fetched into the L2 while the vectors are derived (the H100's L2
 # holds 50 MiB). H100, one launch back to back, alternately in one process, with the passes'
