@@ -32,6 +32,10 @@ def up(
     seal_on_pending: Annotated[bool, typer.Option(
         help="Seal as soon as transactions are pending.")] = True,
     max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.")] = 256,
+    blob_cache_mb: Annotated[int, typer.Option(
+        help="Memory for the latest large uploads, whose downloads (workers fetching the "
+             "operands just uploaded) are then sent without a disk read, MiB; 0: off.",
+        min=0)] = 256,
     log_level: Annotated[str, typer.Option(help="Python/uvicorn log level.")] = "warning",
 ) -> None:
     """Start a node: JSON-RPC at http://HOST:PORT/, node info at /info, blobs at
@@ -52,8 +56,9 @@ def up(
     typer.echo("dev accounts (public test mnemonic, see `chain accounts --keys`):")
     for i, account in enumerate(dev_accounts(5)):
         typer.echo(f"  {i} {account.address}")
-    blobs = _blob_server(node.blobs, host, port, blob_port)
-    typer.echo(f"JSON-RPC http://{host}:{port}/  blobs http://{host}:{blobs.port}/blobs")
+    blobs = _blob_server(node.blobs, host, port, blob_port, blob_cache_mb << 20)
+    typer.echo(f"JSON-RPC http://{host}:{port}/  blobs http://{host}:{blobs.port}/blobs "
+               f"(recent uploads cached: {blob_cache_mb} MiB)")
     app = create_app(node)
     app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
     node.start()
@@ -65,17 +70,17 @@ def up(
         node.stop()
 
 
-def _blob_server(store: BlobStore, host: str, port: int, blob_port: int | None
-                 ) -> BlobServer:
+def _blob_server(store: BlobStore, host: str, port: int, blob_port: int | None,
+                 recent_bytes: int) -> BlobServer:
     """The blob listener on `blob_port`, by default on `port` + 1 or else any free port."""
     from chain.blobserver import BlobServer
 
     if blob_port is not None:
-        return BlobServer(store, host, blob_port)
+        return BlobServer(store, host, blob_port, recent_bytes)
     try:
-        return BlobServer(store, host, port + 1 if 0 < port < 65535 else 0)
+        return BlobServer(store, host, port + 1 if 0 < port < 65535 else 0, recent_bytes)
     except OSError:
-        return BlobServer(store, host, 0)
+        return BlobServer(store, host, 0, recent_bytes)
 
 
 @app.command()

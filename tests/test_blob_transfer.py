@@ -388,6 +388,31 @@ def test_chain_up_blob_port_and_the_advertised_url(tmp_path):
     assert result.returncode != 0 and "Address already in use" in result.stderr + result.stdout
 
 
+def test_chain_up_blob_cache_option(tmp_path):
+    """`chain up --blob-cache-mb 0` serves every download from the disk; with the default
+    the latest uploads (here the second, once the pool has grown) come from memory. Each
+    blob's file is overwritten after its upload: what a download returns says where from."""
+    rng = np.random.default_rng(12)
+    for cache_mb, from_memory in ((0, False), (None, True)):
+        extra = ("--max-blob-mb", str(LIMIT_MB)) + (
+            ("--blob-cache-mb", str(cache_mb)) if cache_mb is not None else ())
+        with NodeProcess(tmp_path / f"cache-{cache_mb}", block_time=0, extra_args=extra) as node:
+            url = httpx.get(f"{node.url}/info").json()["blob_url"]
+            client = BlobClient(url, LIMIT_MB << 20)
+            store = BlobStore(node.data_dir / "blobs", LIMIT_MB << 20)
+            served = []
+            for _ in range(3):  # a cold listener keeps the first upload on disk only
+                blob = encode_array(rng.standard_normal(3 << 18).astype(np.float32))
+                id_hex = client.put(blob).hex()
+                overwrite_on_disk(store, id_hex)
+                served.append(raw_get(urlsplit(url).port, id_hex) == blob)
+                time.sleep(0.5)  # the pool grows on a thread of its own meanwhile
+            client.close()
+            assert served[-1] is from_memory and (any(served) is from_memory)
+            assert f"recent uploads cached: {256 if cache_mb is None else 0} MiB" in \
+                node.log_path.read_text()
+
+
 def test_devnet_passes_its_blob_port(tmp_path):
     blob_port = free_port()
     with Devnet(tmp_path, blob_port=blob_port) as net:
