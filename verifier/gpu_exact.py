@@ -682,8 +682,17 @@ def _single_kernel(one: Pass):
     return cupy.RawKernel(COMMON + BODY + SINGLE, "residues", options=one.options)
 
 
+def _prefetch_bytes(device: int) -> int:
+    """PREFETCH_BYTES, at most the device's L2 (the H100's holds 50 MiB): on a GPU with a
+    smaller L2 more would evict the first rows fetched before their pass reads them."""
+    import cupy
+
+    l2 = cupy.cuda.Device(device).attributes["L2CacheSize"]
+    return min(PREFETCH_BYTES, l2) & ~(PREFETCH_CHUNK - 1)
+
+
 @lru_cache(maxsize=64)
-def _fused_kernel(a: Pass, b: Pass, c: Pass):
+def _fused_kernel(a: Pass, b: Pass, c: Pass, prefetch_bytes: int):
     """The check's one kernel: each pass's constants renamed VA_, VB_ and VC_."""
     import cupy
 
@@ -693,7 +702,7 @@ def _fused_kernel(a: Pass, b: Pass, c: Pass):
     options = (*(o.replace("-DVX_", f"-DV{x}_") for x, one in zip("ABC", (a, b, c), strict=True)
                  for o in one.options),
                f"-DCHECK_TILE={max(a.tile, b.tile, c.tile)}", f"-DCHECK_THREADS={a.threads}",
-               f"-DPREFETCH_BYTES={PREFETCH_BYTES}LL", f"-DPREFETCH_CHUNK={PREFETCH_CHUNK}",
+               f"-DPREFETCH_BYTES={prefetch_bytes}LL", f"-DPREFETCH_CHUNK={PREFETCH_CHUNK}",
                *(f"-DDOMAIN{i}={lane:#x}ULL" for i, lane in enumerate(domain)),
                f"-DBLOCK_WORDS={BLOCK_WORDS}")
     return cupy.RawKernel(source, "check", options=options)
@@ -774,7 +783,7 @@ def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
     c = _pass(dtype_c, m, n, align_c, rounds, min(bound_c, product_bound), check_c, arch)
     a = _pass(dtype_a, m, k, align_a, rounds, bound_a, False, arch)
     assert a.threads == b.threads == c.threads  # LAUNCH: one block size for every pass
-    kernel = _fused_kernel(a, b, c)
+    kernel = _fused_kernel(a, b, c, _prefetch_bytes(device))
     keccak_blocks = -(-32 * -(-n * rounds // BLOCK_WORDS) // a.threads)
     grid = min(resident_blocks(kernel, a.threads, device),
                max(b.blocks + c.blocks, a.blocks, keccak_blocks))
