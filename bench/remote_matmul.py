@@ -83,12 +83,14 @@ def print_timeline(path: str, roles: dict[int, str]) -> None:
         previous = ns
 
 
-# A lone job's critical path: (step, process, mark prefix, the step it is measured from).
-# "worker" is the worker that did the job; each step is the first such mark after its anchor.
+# A lone job's critical path: (step, process, mark prefix(es), the step it is measured
+# from). "worker" is the worker that did the job; each step is the first such mark after its
+# anchor. A transaction reaches the node by eth_sendRawTransaction or POST /wait.
+SENT = ("rpc in eth_sendRawTransaction", "rpc in send_and_wait")
 PATH_STEPS = [
     ("submit signed", "client", "client signed submitJobs", "start"),
     ("uploaded", "client", "job uploaded", "start"),
-    ("submit at node", "node", "rpc in eth_sendRawTransaction", "uploaded"),
+    ("submit at node", "node", SENT, "uploaded"),
     ("submit admitted", "node", "node admitted", "submit at node"),
     ("client has send reply", "client", "client sent submitJobs", "submit admitted"),
     ("submit seal starts", "node", "node gathered", "submit admitted"),
@@ -97,7 +99,7 @@ PATH_STEPS = [
     ("operands fetched", "worker", "worker fetched", "worker sees job"),
     ("commit signed", "worker", "client signed commitJobs", "operands fetched"),
     ("C uploaded", "worker", "worker uploaded", "operands fetched"),
-    ("commit at node", "node", "rpc in eth_sendRawTransaction", "C uploaded"),
+    ("commit at node", "node", SENT, "C uploaded"),
     ("commit admitted", "node", "node admitted", "commit at node"),
     ("commit seal starts", "node", "node gathered", "commit admitted"),
     ("commit sealed", "node", "node sealed", "commit seal starts"),

@@ -629,6 +629,7 @@ class NodeApp:
         transaction's hash last (also answered as `hash`): one request instead of two for
         each transaction a client sends and waits for."""
         raw = await self._json_body(receive, send)
+        mark("rpc in send_and_wait")
         if raw is not None:
             await self.wait(scope, send, raw=raw)
 
