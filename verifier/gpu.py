@@ -152,25 +152,36 @@ def signed_and_abs(M, W, v, accumulator):
 
 # Device functions of the cooperative (one-launch) checks.
 COOPERATIVE = r"""
-// Every block of the grid waits here until all have arrived: barrier[0] counts arrivals,
-// barrier[1] is the generation the last one to arrive moves on. Block-wide writes before it
-// are visible grid-wide after it (each block's fence after its __syncthreads).
-__device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
+// A grid-wide barrier in two halves: barrier[0] counts arrivals, barrier[1] is the generation
+// the last block to arrive moves on. Between its arrival and its wait a block may issue work
+// that needs nothing the other blocks write before the barrier (loads of its next rows); it
+// waits before it arrives at the next barrier. Block-wide writes before the arrival are
+// visible grid-wide after the wait (each block's fence after its __syncthreads).
+// grid_arrive returns, in thread 0, the generation to wait past.
+__device__ __forceinline__ unsigned int grid_arrive(unsigned int* barrier) {
     __syncthreads();
+    unsigned int seen = 0;
     if (threadIdx.x == 0) {
-        volatile unsigned int* generation = barrier + 1;
-        const unsigned int seen = *generation;
+        seen = *(volatile unsigned int*)(barrier + 1);
         __threadfence();
         if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
             atomicExch(barrier, 0u);
             __threadfence();
             atomicAdd(barrier + 1, 1u);
-        } else {
-            while (*generation == seen) asm volatile("nanosleep.u32 32;");
         }
+    }
+    return seen;
+}
+__device__ __forceinline__ void grid_wait(unsigned int* barrier, unsigned int seen) {
+    if (threadIdx.x == 0) {
+        while (*(volatile unsigned int*)(barrier + 1) == seen) asm volatile("nanosleep.u32 32;");
         __threadfence();
     }
     __syncthreads();
+}
+// Every block of the grid waits here until all have arrived.
+__device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
+    grid_wait(barrier, grid_arrive(barrier));
 }
 """
 

@@ -261,7 +261,7 @@ __device__ __forceinline__ void VX_PASS(
         const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
         u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
         long long rows, long long cols, long long limit, int compare, unsigned int* tile,
-        long long block) {
+        long long block, unsigned int* wait, unsigned int seen) {
     const int lane = threadIdx.x & 31;
     const long long warp = block * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long first = warp * VX_RPW;
@@ -287,15 +287,12 @@ __device__ __forceinline__ void VX_PASS(
 
     for (long long j0 = 0; j0 < words; j0 += VX_TILE) {
         const int width = (int)min((long long)VX_TILE, words - j0);
-        __syncthreads();
-        VX_FILL(V, vj, vq, j0, width, tile, verdict);
-        __syncthreads();
-        for (int j = VX_VEC * lane; j < width; j += 32 * VX_VEC * VX_UNROLL) {
 #if VX_BYTES
-            int m[VX_UNROLL][VX_RPW][VX_VEC];
+        int m[VX_UNROLL][VX_RPW][VX_VEC];
 #else
-            VX_R m[VX_UNROLL][VX_RPW][VX_VEC];  // 32 bits where they hold M: 32 x 32 -> 64 bits
+        VX_R m[VX_UNROLL][VX_RPW][VX_VEC];  // 32 bits where they hold M: 32 x 32 -> 64 bits
 #endif
+        auto load = [&](const int j) {  // VX_UNROLL loads per row in flight before any is used
             #pragma unroll
             for (int u = 0; u < VX_UNROLL; ++u) {
                 const int jj = j + 32 * VX_VEC * u;
@@ -316,6 +313,14 @@ __device__ __forceinline__ void VX_PASS(
 #endif
                 }
             }
+        };
+        load(VX_VEC * lane);  // the tile's first loads need no vector: issued before the wait
+        if (wait != nullptr && j0 == 0) grid_wait(wait, seen);
+        else __syncthreads();
+        VX_FILL(V, vj, vq, j0, width, tile, verdict);
+        __syncthreads();
+        for (int j = VX_VEC * lane; j < width; j += 32 * VX_VEC * VX_UNROLL) {
+            if (j != VX_VEC * lane) load(j);
             #pragma unroll
             for (int u = 0; u < VX_UNROLL; ++u) {
                 const int jj = j + 32 * VX_VEC * u;
@@ -397,7 +402,7 @@ __device__ __forceinline__ void VX_PASS(
         const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
         u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
         long long rows, long long cols, long long limit, int compare, unsigned int* tile,
-        long long block) {
+        long long block, unsigned int* wait, unsigned int seen) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const long long first = block * VX_BLOCK_ROWS, words = cols >> 2;
@@ -413,11 +418,8 @@ __device__ __forceinline__ void VX_PASS(
 
     for (long long j0 = 0; j0 < words; j0 += VX_TILE) {
         const int width = (int)min((long long)VX_TILE, words - j0);
-        __syncthreads();
-        VX_FILL(V, vj, vq, j0, width, tile, verdict);
-        __syncthreads();
-        for (int s = 16 * warp; s < width; s += 16 * warps * VX_UNROLL) {
-            int4 m[VX_UNROLL][VX_RPW][2];
+        int4 m[VX_UNROLL][VX_RPW][2];
+        auto load = [&](const int s) {
             #pragma unroll
             for (int u = 0; u < VX_UNROLL; ++u) {
                 const int at = s + 16 * warps * u + 4 * t;
@@ -431,6 +433,14 @@ __device__ __forceinline__ void VX_PASS(
                             : make_int4(0, 0, 0, 0);
                     }
             }
+        };
+        load(16 * warp);  // the tile's first loads need no vector: issued before the wait
+        if (wait != nullptr && j0 == 0) grid_wait(wait, seen);
+        else __syncthreads();
+        VX_FILL(V, vj, vq, j0, width, tile, verdict);
+        __syncthreads();
+        for (int s = 16 * warp; s < width; s += 16 * warps * VX_UNROLL) {
+            if (s != 16 * warp) load(s);
             #pragma unroll
             for (int u = 0; u < VX_UNROLL; ++u) {
                 const int span = s + 16 * warps * u;
@@ -493,14 +503,18 @@ residues(const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, lo
          u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
          long long rows, long long cols, long long limit, int compare) {
     __shared__ __align__(16) unsigned int tile[VX_K * VX_L * VX_TILE];
-    VX_PASS(M, V, vj, vq, out, Z, verdict, rows, cols, limit, compare, tile, blockIdx.x);
+    VX_PASS(M, V, vj, vq, out, Z, verdict, rows, cols, limit, compare, tile, blockIdx.x,
+            nullptr, 0);
 }
 """
 
 # The whole check in one launch of resident blocks (a cooperative launch, so all of them are
 # resident and may wait for each other): the vectors, a grid-wide barrier, B's and C's
 # passes, a barrier, A's pass with the comparison; the last block to finish copies the
-# verdict to host memory. Every argument is 8 bytes (check's ctypes argument block). The grid
+# verdict to host memory. A block arrives at a barrier, issues its first loads of the next
+# pass's matrix (inputs no block writes), then waits (H100, bench/verify.py alternately with
+# one wait before the loads, three pairs: check() 64.2-67.2 against 66.0-69.2 us at n = 4096,
+# 175-177 against 181-186 at n = 8192). Every argument is 8 bytes (check's ctypes argument block). The grid
 # barrier is verifier/gpu.py's (COOPERATIVE).
 FUSED = r"""
 // A hint to the L2 to fetch bytes from start (both multiples of 16); returns at once.
@@ -556,14 +570,19 @@ check(const VA_T* __restrict__ A, const VB_T* __restrict__ B, const VC_T* __rest
              b * BLOCK_WORDS < count; b += warps)
             field_block(key0, key1, key2, key3, b, words, count);
     }
-    grid_barrier(barrier);
-    for (long long v = blockIdx.x; v < blocks_b + blocks_c; v += gridDim.x) {
-        if (v < blocks_b) VB_PASS(B, words, 1, n, X, X, verdict, k, n, 0, 0, tile, v);
-        else VC_PASS(C, words, 1, n, Z, Z, verdict, m, n, limit, 0, tile, v - blocks_b);
+    // A block's first pass of a phase issues its first loads of M, then waits at the barrier
+    // (a block with no rows of B or C waits after the loop; after A's phase nothing waits:
+    // the last block is found by its own counter).
+    unsigned int seen = grid_arrive(barrier), *wait = barrier;
+    for (long long v = blockIdx.x; v < blocks_b + blocks_c; v += gridDim.x, wait = nullptr) {
+        if (v < blocks_b) VB_PASS(B, words, 1, n, X, X, verdict, k, n, 0, 0, tile, v, wait, seen);
+        else VC_PASS(C, words, 1, n, Z, Z, verdict, m, n, limit, 0, tile, v - blocks_b, wait, seen);
     }
-    grid_barrier(barrier);
-    for (long long v = blockIdx.x; v < blocks_a; v += gridDim.x)
-        VA_PASS(A, X, rounds, 1, Z, Z, verdict, m, k, 0, 1, tile, v);
+    if (wait != nullptr) grid_wait(wait, seen);
+    seen = grid_arrive(barrier);
+    wait = barrier;
+    for (long long v = blockIdx.x; v < blocks_a; v += gridDim.x, wait = nullptr)
+        VA_PASS(A, X, rounds, 1, Z, Z, verdict, m, k, 0, 1, tile, v, wait, seen);
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -679,7 +698,7 @@ def _pass(dtype: np.dtype, rows: int, cols: int, alignment: int, rounds: int, bo
 def _single_kernel(one: Pass):
     import cupy
 
-    return cupy.RawKernel(COMMON + BODY + SINGLE, "residues", options=one.options)
+    return cupy.RawKernel(COMMON + COOPERATIVE + BODY + SINGLE, "residues", options=one.options)
 
 
 def _prefetch_bytes(device: int) -> int:
@@ -697,8 +716,8 @@ def _fused_kernel(a: Pass, b: Pass, c: Pass, prefetch_bytes: int):
     import cupy
 
     domain = [int.from_bytes(FIELD_BLOCK_DOMAIN[i : i + 8], "little") for i in (0, 8, 16)]
-    source = (COMMON + KECCAK + "".join(BODY.replace("VX_", f"V{x}_") for x in "ABC")
-              + COOPERATIVE + FUSED)
+    source = (COMMON + KECCAK + COOPERATIVE + "".join(BODY.replace("VX_", f"V{x}_") for x in "ABC")
+              + FUSED)
     options = (*(o.replace("-DVX_", f"-DV{x}_") for x, one in zip("ABC", (a, b, c), strict=True)
                  for o in one.options),
                f"-DCHECK_TILE={max(a.tile, b.tile, c.tile)}", f"-DCHECK_THREADS={a.threads}",
