@@ -514,8 +514,8 @@ residues(const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, lo
 # verdict to host memory. A block arrives at a barrier, issues its first loads of the next
 # pass's matrix (inputs no block writes), then waits (H100, bench/verify.py alternately with
 # one wait before the loads, three pairs: check() 64.2-67.2 against 66.0-69.2 us at n = 4096,
-# 175-177 against 181-186 at n = 8192). Every argument is 8 bytes (check's ctypes argument block). The grid
-# barrier is verifier/gpu.py's (COOPERATIVE).
+# 175-177 against 181-186 at n = 8192). Every argument is 8 bytes (check's ctypes argument
+# block). The grid barrier is verifier/gpu.py's (COOPERATIVE).
 FUSED = r"""
 // A hint to the L2 to fetch bytes from start (both multiples of 16); returns at once.
 __device__ __forceinline__ void prefetch_l2(const char* start, long long bytes) {
