@@ -1,4 +1,5 @@
-"""Shared fixtures: the devices every framework test runs on."""
+"""Shared fixtures: the devices every framework test runs on, and a chain node process per
+test module (a module that needs other node options defines its own `node`)."""
 
 import pytest
 
@@ -19,6 +20,15 @@ DEVICES = [
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """A chain node that seals only when transactions are pending (no empty blocks)."""
+    from chain.launch import NodeProcess
+
+    with NodeProcess(tmp_path_factory.mktemp("chain") / "data", block_time=0) as proc:
+        yield proc
 
 
 @pytest.hookimpl(wrapper=True)

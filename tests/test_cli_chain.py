@@ -11,19 +11,12 @@ from typer.testing import CliRunner
 
 from chain.client import ChainClient
 from chain.devnet import dev_accounts
-from chain.launch import NodeProcess
 from node import keys
 from node.cli import app
 
 pytestmark = pytest.mark.timeout(120)
 ETHER = 10**18
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with NodeProcess(tmp_path_factory.mktemp("chain") / "data", block_time=0) as proc:
-        yield proc
 
 
 @pytest.fixture()

@@ -13,7 +13,6 @@ import pytest
 from helpers import dev_clients
 
 from chain.client import TransactionReverted
-from chain.launch import NodeProcess
 
 pytestmark = pytest.mark.timeout(120)
 ETHER = 10**18
@@ -22,12 +21,6 @@ REWARD_PER_GFLOP = ETHER // 1000
 MARKET = "0x000000000000000000000000000000000000c0DE"
 OPEN, COMMITTED, DONE = 1, 3, 4
 RNG = np.random.default_rng(5)
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with NodeProcess(tmp_path_factory.mktemp("chain") / "data", block_time=0) as proc:
-        yield proc
 
 
 @pytest.fixture(scope="module")

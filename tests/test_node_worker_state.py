@@ -7,16 +7,9 @@ from dataclasses import asdict
 import pytest
 
 from chain.devnet import dev_accounts
-from chain.launch import NodeProcess
 from node.worker import JobRecord, Worker, WorkerConfig
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with NodeProcess(tmp_path_factory.mktemp("chain") / "data", block_time=0) as proc:
-        yield proc
 
 
 def worker_on(node, data_dir) -> Worker:

@@ -13,16 +13,9 @@ from web3.exceptions import Web3RPCError
 
 from chain.client import ChainClient, TransactionReverted
 from chain.devnet import dev_accounts
-from chain.launch import NodeProcess
 
 pytestmark = pytest.mark.timeout(120)
 ETHER = 10**18
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with NodeProcess(tmp_path_factory.mktemp("chain") / "data", block_time=0) as proc:
-        yield proc
 
 
 @pytest.fixture(scope="module")
