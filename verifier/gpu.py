@@ -152,36 +152,48 @@ def signed_and_abs(M, W, v, accumulator):
 
 # Device functions of the cooperative (one-launch) checks.
 COOPERATIVE = r"""
-// A grid-wide barrier in two halves: barrier[0] counts arrivals, barrier[1] is the generation
-// the last block to arrive moves on. Between its arrival and its wait a block may issue work
-// that needs nothing the other blocks write before the barrier (loads of its next rows); it
-// waits before it arrives at the next barrier. Block-wide writes before the arrival are
-// visible grid-wide after the wait (each block's fence after its __syncthreads).
-// grid_arrive returns, in thread 0, the generation to wait past.
-__device__ __forceinline__ unsigned int grid_arrive(unsigned int* barrier) {
+// A grid-wide barrier in two halves. barrier[0] counts the blocks' arrivals since the launch
+// began, so the launch's i-th barrier (i = 1, 2, ...) is passed once it reaches i * gridDim.x:
+// an arrival is one release-add and a wait polls one word, with no generation to read and no
+// reset on the way (the last block to arrive made three more round trips to the L2 before
+// anyone could go on). The kernel's last block sets barrier[0] back to 0 for the next launch,
+// once every block is past its waits.
+// Between its arrival and its wait a block may issue work that needs nothing the other
+// blocks write before the barrier (loads of its next rows). Block-wide writes before the
+// arrival are visible grid-wide after the wait.
+__device__ __forceinline__ void grid_arrive(unsigned int* barrier) {
     __syncthreads();
-    unsigned int seen = 0;
     if (threadIdx.x == 0) {
-        seen = *(volatile unsigned int*)(barrier + 1);
+#if __CUDA_ARCH__ >= 700
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(barrier) : "memory");
+#else
         __threadfence();
-        if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
-            atomicExch(barrier, 0u);
-            __threadfence();
-            atomicAdd(barrier + 1, 1u);
+        atomicAdd(barrier, 1u);
+#endif
+    }
+}
+__device__ __forceinline__ void grid_wait(unsigned int* barrier, unsigned int i) {
+    if (threadIdx.x == 0) {
+        const unsigned int target = i * gridDim.x;
+#if __CUDA_ARCH__ >= 700
+        unsigned int arrived;
+        while (true) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(barrier)
+                         : "memory");
+            if (arrived >= target) break;
+            __nanosleep(32);
         }
-    }
-    return seen;
-}
-__device__ __forceinline__ void grid_wait(unsigned int* barrier, unsigned int seen) {
-    if (threadIdx.x == 0) {
-        while (*(volatile unsigned int*)(barrier + 1) == seen) asm volatile("nanosleep.u32 32;");
+#else
+        while (*(volatile unsigned int*)barrier < target) {}
         __threadfence();
+#endif
     }
     __syncthreads();
 }
-// Every block of the grid waits here until all have arrived.
-__device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
-    grid_wait(barrier, grid_arrive(barrier));
+// Every block of the grid waits here until all have arrived at the launch's i-th barrier.
+__device__ __forceinline__ void grid_barrier(unsigned int* barrier, unsigned int i) {
+    grid_arrive(barrier);
+    grid_wait(barrier, i);
 }
 """
 

@@ -261,7 +261,7 @@ __device__ __forceinline__ void VX_PASS(
         const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
         u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
         long long rows, long long cols, long long limit, int compare, unsigned int* tile,
-        long long block, unsigned int* wait, unsigned int seen) {
+        long long block, unsigned int* wait, unsigned int barrier_index) {
     const int lane = threadIdx.x & 31;
     const long long warp = block * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long first = warp * VX_RPW;
@@ -315,7 +315,7 @@ __device__ __forceinline__ void VX_PASS(
             }
         };
         load(VX_VEC * lane);  // the tile's first loads need no vector: issued before the wait
-        if (wait != nullptr && j0 == 0) grid_wait(wait, seen);
+        if (wait != nullptr && j0 == 0) grid_wait(wait, barrier_index);
         else __syncthreads();
         VX_FILL(V, vj, vq, j0, width, tile, verdict);
         __syncthreads();
@@ -402,7 +402,7 @@ __device__ __forceinline__ void VX_PASS(
         const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, long long vq,
         u64* __restrict__ out, const u64* __restrict__ Z, long long* __restrict__ verdict,
         long long rows, long long cols, long long limit, int compare, unsigned int* tile,
-        long long block, unsigned int* wait, unsigned int seen) {
+        long long block, unsigned int* wait, unsigned int barrier_index) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const long long first = block * VX_BLOCK_ROWS, words = cols >> 2;
@@ -435,7 +435,7 @@ __device__ __forceinline__ void VX_PASS(
             }
         };
         load(16 * warp);  // the tile's first loads need no vector: issued before the wait
-        if (wait != nullptr && j0 == 0) grid_wait(wait, seen);
+        if (wait != nullptr && j0 == 0) grid_wait(wait, barrier_index);
         else __syncthreads();
         VX_FILL(V, vj, vq, j0, width, tile, verdict);
         __syncthreads();
@@ -509,13 +509,14 @@ residues(const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, lo
 """
 
 # The whole check in one launch of resident blocks (a cooperative launch, so all of them are
-# resident and may wait for each other): the vectors, a grid-wide barrier, B's and C's
-# passes, a barrier, A's pass with the comparison; the last block to finish copies the
-# verdict to host memory. A block arrives at a barrier, issues its first loads of the next
-# pass's matrix (inputs no block writes), then waits (H100, bench/verify.py alternately with
-# one wait before the loads, three pairs: check() 64.2-67.2 against 66.0-69.2 us at n = 4096,
-# 175-177 against 181-186 at n = 8192). Every argument is 8 bytes (check's ctypes argument
-# block). The grid barrier is verifier/gpu.py's (COOPERATIVE).
+# resident and may wait for each other): the vectors; a grid-wide barrier; B's pass; a
+# barrier, at which a block arrives, takes its rows of C (they need only the vectors), then
+# waits; A's pass over the same rows, compared with them; the last block to finish copies the
+# verdict to host memory. A block's first pass after a barrier issues its first loads (inputs
+# no block writes) before it waits. H100, n = 4096, 50 launches back to back: 48.4-49.5 us
+# with C's pass before the barrier and the old barrier (a generation word), 45.8-46.4 with
+# this order and barrier; n = 8192 158.9 against 155.1. Every argument is 8 bytes (check's
+# ctypes argument block). The grid barrier is verifier/gpu.py's (COOPERATIVE).
 FUSED = r"""
 // A hint to the L2 to fetch bytes from start (both multiples of 16); returns at once.
 __device__ __forceinline__ void prefetch_l2(const char* start, long long bytes) {
@@ -528,23 +529,35 @@ __device__ __forceinline__ void prefetch_l2(const char* start, long long bytes) 
 #endif
 }
 
-// The rows of B and C this block reads first, up to its share of PREFETCH_BYTES, fetched into
-// the L2 while the vectors are derived (passes with 16-byte loads only: their rows start at
-// multiples of 16 bytes).
+// The rows a block of check takes C's and A's passes over: C's and A's row blocks nest in
+// spans of SPAN_ROWS (both are powers of two).
+#define SPAN_ROWS (VA_BLOCK_ROWS > VC_BLOCK_ROWS ? VA_BLOCK_ROWS : VC_BLOCK_ROWS)
+static_assert(SPAN_ROWS % VA_BLOCK_ROWS == 0 && SPAN_ROWS % VC_BLOCK_ROWS == 0, "row blocks nest");
+
+// Up to budget bytes of rows first .. first + count - 1 (of rows) of a matrix fetched into the
+// L2; returns the bytes asked for.
+__device__ __forceinline__ long long prefetch_rows(const char* M, long long first, long long count,
+                                                   long long rows, long long row_bytes,
+                                                   long long budget) {
+    const long long bytes = min(budget, (min(first + count, rows) - first) * row_bytes) & ~15LL;
+    prefetch_l2(M + first * row_bytes, bytes);
+    return bytes;
+}
+
+// The rows of B and C this block reads first, in the order check takes them, up to its share
+// of PREFETCH_BYTES, fetched into the L2 while the vectors are derived (passes with 16-byte
+// loads only: their rows start at multiples of 16 bytes).
 __device__ __forceinline__ void prefetch_first_rows(
         const VB_T* B, const VC_T* C, long long m, long long k, long long n,
         long long blocks_b, long long blocks_c) {
     long long budget = PREFETCH_BYTES / gridDim.x;
-    for (long long v = blockIdx.x; v < blocks_b + blocks_c && budget > 0; v += gridDim.x) {
-        const bool in_b = v < blocks_b;
-        const long long per = in_b ? VB_BLOCK_ROWS : VC_BLOCK_ROWS, rows = in_b ? k : m;
-        const long long first = (in_b ? v : v - blocks_b) * per;
-        const long long row_bytes = n * (in_b ? (long long)sizeof(VB_T) : (long long)sizeof(VC_T));
-        const long long bytes = min(budget, (min(first + per, rows) - first) * row_bytes) & ~15LL;
-        if (in_b ? VB_VEC == 4 : VC_VEC == 4)
-            prefetch_l2((in_b ? (const char*)B : (const char*)C) + first * row_bytes, bytes);
-        budget -= bytes;
-    }
+    for (long long v = blockIdx.x; VB_VEC == 4 && v < blocks_b && budget > 0; v += gridDim.x)
+        budget -= prefetch_rows((const char*)B, v * VB_BLOCK_ROWS, VB_BLOCK_ROWS, k,
+                                n * (long long)sizeof(VB_T), budget);
+    for (long long v = blockIdx.x * (SPAN_ROWS / VC_BLOCK_ROWS); VC_VEC == 4 && v < blocks_c
+         && budget > 0; v += gridDim.x * (SPAN_ROWS / VC_BLOCK_ROWS))
+        budget -= prefetch_rows((const char*)C, v * VC_BLOCK_ROWS, SPAN_ROWS, m,
+                                n * (long long)sizeof(VC_T), budget);
 }
 
 // derive: words = the first n * rounds words of stream v3 from the key (else words holds
@@ -564,30 +577,40 @@ check(const VA_T* __restrict__ A, const VB_T* __restrict__ B, const VC_T* __rest
         verdict[1] = 0x7FFFFFFFFFFFFFFFLL;
         verdict[2] = 0;
     }
-    if (derive) {  // one stream block per warp at a time; the loop is the same in all lanes
+    if (derive) {  // one stream block per warp, spread over the SMs first (an SM's shuffles
+        // serve its warps in turn: sixteen permutations on one SM took ~11 us, one ~3.5; H100,
+        // globaltimer marks); the loop is the same in all lanes
         const long long count = n * rounds, warps = (long long)gridDim.x * (blockDim.x >> 5);
-        for (long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+        for (long long b = (long long)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
              b * BLOCK_WORDS < count; b += warps)
             field_block(key0, key1, key2, key3, b, words, count);
     }
-    // A block's first pass of a phase issues its first loads of M, then waits at the barrier
-    // (a block with no rows of B or C waits after the loop; after A's phase nothing waits:
-    // the last block is found by its own counter).
-    unsigned int seen = grid_arrive(barrier), *wait = barrier;
-    for (long long v = blockIdx.x; v < blocks_b + blocks_c; v += gridDim.x, wait = nullptr) {
-        if (v < blocks_b) VB_PASS(B, words, 1, n, X, X, verdict, k, n, 0, 0, tile, v, wait, seen);
-        else VC_PASS(C, words, 1, n, Z, Z, verdict, m, n, limit, 0, tile, v - blocks_b, wait, seen);
-    }
-    if (wait != nullptr) grid_wait(wait, seen);
-    seen = grid_arrive(barrier);
+    // A block's first pass after a barrier issues its first loads of M, then waits there (a
+    // block with no such rows waits after its loop). The block takes its rows of C, which need
+    // only the vectors, between its arrival at the second barrier and its wait, so no block
+    // idles there; it then compares the same rows of A, so no row of Z crosses blocks.
+    unsigned int* wait = barrier;
+    grid_arrive(barrier);
+    for (long long v = blockIdx.x; v < blocks_b; v += gridDim.x, wait = nullptr)
+        VB_PASS(B, words, 1, n, X, X, verdict, k, n, 0, 0, tile, v, wait, 1);
+    if (wait != nullptr) grid_wait(wait, 1);
+    grid_arrive(barrier);
+    const long long spans = (m + SPAN_ROWS - 1) / SPAN_ROWS;
+    for (long long s = blockIdx.x; s < spans; s += gridDim.x)
+        for (long long v = s * (SPAN_ROWS / VC_BLOCK_ROWS);
+             v < min((s + 1) * (SPAN_ROWS / VC_BLOCK_ROWS), blocks_c); ++v)
+            VC_PASS(C, words, 1, n, Z, Z, verdict, m, n, limit, 0, tile, v, nullptr, 0);
     wait = barrier;
-    for (long long v = blockIdx.x; v < blocks_a; v += gridDim.x, wait = nullptr)
-        VA_PASS(A, X, rounds, 1, Z, Z, verdict, m, k, 0, 1, tile, v, wait, seen);
+    for (long long s = blockIdx.x; s < spans; s += gridDim.x)
+        for (long long v = s * (SPAN_ROWS / VA_BLOCK_ROWS);
+             v < min((s + 1) * (SPAN_ROWS / VA_BLOCK_ROWS), blocks_a); ++v, wait = nullptr)
+            VA_PASS(A, X, rounds, 1, Z, Z, verdict, m, k, 0, 1, tile, v, wait, 2);
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(barrier + 2, 1u) == gridDim.x - 1) {  // the last block: all counted
-            barrier[2] = 0;
+        if (atomicAdd(barrier + 1, 1u) == gridDim.x - 1) {  // the last block: all counted
+            barrier[0] = 0;  // every block is past its waits
+            barrier[1] = 0;
             const volatile long long* result = verdict;
             host_verdict[0] = result[0];
             host_verdict[1] = result[1];
@@ -746,8 +769,8 @@ class Workspace(NamedTuple):
     X: object  # (k, rounds) uint64: B R mod p
     Z: object  # (m, rounds) uint64: C R mod p
     verdict: object  # (3,) int64: rows that differ, the first of them, a word was rejected
-    barrier: object  # (3,) uint32, zero between launches: the grid barrier's and the last
-    # block's counters
+    barrier: object  # (2,) uint32, zero between launches: the grid barrier's arrivals and the
+    # blocks that finished
     pinned: object  # 32 bytes of pinned host memory the kernel writes the verdict to
     host_verdict: np.ndarray  # (3,) int64 view of pinned
     host_words: memoryview  # all 4 words of pinned: the verdict and the launch's ticket
@@ -762,7 +785,7 @@ def _workspace(m: int, k: int, n: int, rounds: int, device: int) -> Workspace:
     words[:] = 0  # no ticket yet (pinned memory may be reused, holding an old workspace's)
     return Workspace(cupy.empty((rounds, n), np.uint64), cupy.empty((k, rounds), np.uint64),
                      cupy.empty((m, rounds), np.uint64), cupy.empty(3, np.int64),
-                     cupy.zeros(3, np.uint32), memory, words[:3], memoryview(words),
+                     cupy.zeros(2, np.uint32), memory, words[:3], memoryview(words),
                      itertools.count(1))
 
 

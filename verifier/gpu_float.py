@@ -240,7 +240,7 @@ __device__ __forceinline__ void keep_worst(double& value, long long& row, double
 
 // The check of A (m x k) B (k x n) against C (m x n). host_bits: the stream's bits in pinned
 // memory, `chunks` 16-byte words; host_out (pinned): worst excess, its row, 1 if some excess
-// is not finite. barrier: three counters, zero between launches.
+// is not finite. barrier: arrivals and finished blocks, zero between launches.
 extern "C" __global__ void __launch_bounds__(VF_THREADS) check(
         const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ C,
         const uint4* host_bits, uint4* bits, const double* __restrict__ terms, float* XT,
@@ -258,7 +258,7 @@ extern "C" __global__ void __launch_bounds__(VF_THREADS) check(
     for (long long i = (long long)blockIdx.x * blockDim.x + t; i < chunks;
          i += (long long)gridDim.x * blockDim.x)
         bits[i] = host_bits[i];
-    grid_barrier(barrier);
+    grid_barrier(barrier, 1);
 
     // phase 1: rows of B, then of C
     for (long long v = blockIdx.x; v < blocks_b + blocks_c; v += gridDim.x) {
@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(VF_THREADS) check(
             s_part[v] = total;
         }
     }
-    grid_barrier(barrier);
+    grid_barrier(barrier, 2);
 
     // phase 2: tau's constant coef_s sum(s) + const0 + eta_n + eta_k, then rows of A
     double sum = 0.0;
@@ -359,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(VF_THREADS) check(
         block_row[blockIdx.x] = where[0];
         block_bad[blockIdx.x] = (int)where[VF_WARPS];
         __threadfence();
-        last = atomicAdd(barrier + 2, 1u) == gridDim.x - 1;
+        last = atomicAdd(barrier + 1, 1u) == gridDim.x - 1;
         nonfinite = 0;
     }
     __syncthreads();
@@ -380,7 +380,8 @@ extern "C" __global__ void __launch_bounds__(VF_THREADS) check(
         __syncthreads();
     }
     if (t == 0) {
-        barrier[2] = 0;
+        barrier[0] = 0;  // every block is past both barriers
+        barrier[1] = 0;
         host_out[0] = value[0];
         host_out[1] = (double)where[0];
         host_out[2] = nonfinite;
@@ -439,7 +440,7 @@ class Workspace(NamedTuple):
     block_worst: object  # (grid,) float64, and below its row and whether any was not finite
     block_row: object
     block_bad: object
-    barrier: object  # (3,) uint32, zero between launches
+    barrier: object  # (2,) uint32, zero between launches: arrivals, finished blocks
     pinned_out: object  # 24 bytes of pinned memory the kernel writes the verdict to
     out: np.ndarray  # (3,) float64 view of it: worst excess, its row, 1 if some not finite
 
@@ -494,7 +495,7 @@ def plan_rows(m: int, k: int, n: int, rounds: int, terms: tuple, vec_bc: int, ve
                    cupy.asarray(terms, f64), cupy.empty((rounds, k), f32), cupy.empty(k, f32),
                    cupy.empty((m, rounds), f32), cupy.empty(m, f32), cupy.empty(blocks_b, f64),
                    cupy.empty(grid, f64), cupy.empty(grid, np.int64), cupy.empty(grid, np.int32),
-                   cupy.zeros(3, np.uint32), *pinned(3, f64))
+                   cupy.zeros(2, np.uint32), *pinned(3, f64))
     arguments, parameters = argument_block(
         (0, 0, 0, ws.host_bits.ptr, ws.bits.data.ptr, ws.terms.data.ptr, ws.XT.data.ptr,
          ws.weights.data.ptr, ws.Z.data.ptr, ws.c_hat.data.ptr, ws.s_part.data.ptr,
