@@ -15,7 +15,9 @@ is the float32 product (numpy sgemm / cuBLAS); for exact mode numpy's integer ma
 also timed where it finishes in reasonable time.
 The "read floor" row is one matrix-vector product over each of A, B and C: the memory
 traffic that any check reading every operand once must pay. On a GPU the exact check is
-also split into its one launch (CUDA events), the host's time to enqueue it (wall clock) and
+also timed until verify() returns its verdict (the device synchronised after, untimed: the
+row above includes the kernel's exit after its last write), and split into its one launch
+(CUDA events, alone and back to back), the host's time to enqueue it (wall clock) and
 gpu_exact.check() alone; verify() less check() is the Python around it. Calls under a
 millisecond are timed best of at least 50.
 
@@ -101,6 +103,9 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED), repeats, sync)
     rows.append(("verify exact int8->int32, 1 round", seconds, sgemm))
     if xp is not np:
+        returned = until_return(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
+                                repeats, sync)
+        rows.append(("  verify() until it returns the verdict", returned, sgemm))
         rows += exact_pieces(Ai, Bi, Ci, sgemm, repeats, sync)
     if n <= int_matmul_limit:
         int_matmul = best_time(lambda: Ai.astype(np.int64) @ Bi.astype(np.int64), 1, sync)
@@ -122,6 +127,21 @@ def event_seconds(enqueue, repeats: int, launches: int = 1) -> float:
         end.record()
         end.synchronize()
         best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3 / launches)
+    return best
+
+
+def until_return(fn, repeats: int, sync) -> float:
+    """Best of repeats (at least SHORT_REPEATS) calls of fn timed until it returns, the
+    device synchronised before each and after it, untimed: for verify(), which returns once
+    the kernel has written the verdict, the wait for its verdict without the kernel's exit
+    after that."""
+    best = float("inf")
+    for _ in range(max(repeats, SHORT_REPEATS)):
+        sync()
+        start = clock()
+        fn()
+        best = min(best, clock() - start)
+    sync()
     return best
 
 
@@ -170,7 +190,8 @@ def float_pieces(A, B, C, rounds: int, sgemm: float, repeats: int,
 
 def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, float, float]]:
     """The GPU exact check's parts: its one launch timed by CUDA events (vectors, both
-    barriers, the three passes, the verdict's write to host memory), the host's time to
+    barriers, the three passes, the verdict's write to host memory), the same launch back
+    to back (the GPU's time per check without the host's gaps), the host's time to
     derive the key and enqueue it (wall clock, not waiting for the GPU), and
     gpu_exact.check() alone (key, launch, wait, verdict; verify()'s row less this is the
     Python around it)."""
@@ -186,10 +207,12 @@ def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, f
         return gpu_exact.launch(plan, A, B, C, field_key(SEED, n, 1))
 
     kernel = event_seconds(enqueue, repeats)
+    back_to_back = event_seconds(enqueue, 3, BACK_TO_BACK)
     host, verdict = enqueue_seconds(enqueue, repeats, sync)
     assert verdict.tolist() == [0, 2**63 - 1, 0]
     check = best_time(lambda: gpu_exact.check(plan, A, B, C, SEED), repeats, sync)
     return [("  of which 1 launch (CUDA events)", kernel, sgemm),
+            (f"  the launch, {BACK_TO_BACK} back to back, each", back_to_back, sgemm),
             ("  of which host: key + enqueue", host, sgemm),
             ("  gpu_exact.check() alone", check, sgemm)]
 

@@ -513,10 +513,12 @@ residues(const VX_T* __restrict__ M, const u64* __restrict__ V, long long vj, lo
 # barrier, at which a block arrives, takes its rows of C (they need only the vectors), then
 # waits; A's pass over the same rows, compared with them; the last block to finish copies the
 # verdict to host memory. A block's first pass after a barrier issues its first loads (inputs
-# no block writes) before it waits. H100, n = 4096, 50 launches back to back: 48.4-49.5 us
-# with C's pass before the barrier and the old barrier (a generation word), 45.8-46.4 with
-# this order and barrier; n = 8192 158.9 against 155.1. Every argument is 8 bytes (check's
-# ctypes argument block). The grid barrier is verifier/gpu.py's (COOPERATIVE).
+# no block writes) before it waits. H100, n = 4096, 50 launches back to back, in the same
+# calls: 48.3-48.6 us with C's pass before the second barrier, a barrier with a generation
+# word and the vectors' blocks on 16 SMs; 42.8-43.1 us with this order, the one-word barrier
+# and the blocks spread (45.8-46.4 without the spread); n = 8192 158.9 against 154.2-155.1.
+# Every argument is 8 bytes (check's ctypes argument block). The grid barrier is
+# verifier/gpu.py's (COOPERATIVE).
 FUSED = r"""
 // A hint to the L2 to fetch bytes from start (both multiples of 16); returns at once.
 __device__ __forceinline__ void prefetch_l2(const char* start, long long bytes) {
