@@ -230,7 +230,8 @@ class ChainClient:
             self._has_long_poll = False
             return None
         if response.status != 200:
-            raise ConnectionError(f"GET /wait answered HTTP {response.status}: {body[:200]!r}")
+            raise ConnectionError(f"{'GET' if raw is None else 'POST'} /wait answered HTTP "
+                                  f"{response.status}: {body[:200]!r}")
         answer = json.loads(body)
         if "gas_price" in answer:
             self._fee = (time.monotonic(), int(answer["gas_price"]) * 2)
@@ -278,11 +279,13 @@ class ChainClient:
         advertises it (/info), else eth_sendRawTransaction and the long poll; a poll that
         times out goes on as `wait_for_receipt`. Web3RPCError if the node refuses it."""
         after = list(after)
-        if not self.info.get("send_and_wait"):
+        answer = None
+        if self.info.get("send_and_wait"):
+            answer = self._long_poll({"tx": ["0x" + h.hex() for h in after],
+                                      "timeout": self.timeout}, raw)
+        if answer is None:  # no POST /wait (a 404 admits nothing): the two requests
             tx_hash = self.send_raw(raw)
             return tx_hash, self.wait_for_receipts([*after, tx_hash])
-        answer = self._long_poll({"tx": ["0x" + h.hex() for h in after],
-                                  "timeout": self.timeout}, raw)
         if "error" in answer:
             raise _refused(answer)
         tx_hash = bytes.fromhex(answer["hash"][2:])
