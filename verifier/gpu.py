@@ -156,8 +156,8 @@ COOPERATIVE = r"""
 // began, so the launch's i-th barrier (i = 1, 2, ...) is passed once it reaches i * gridDim.x:
 // an arrival is one release-add and a wait polls one word, with no generation to read and no
 // reset on the way (the last block to arrive made three more round trips to the L2 before
-// anyone could go on). The kernel's last block sets barrier[0] back to 0 for the next launch,
-// once every block is past its waits.
+// anyone could go on). barrier[1] counts the blocks done with the grid (grid_done), and the
+// last of them sets both back to 0 for the next launch.
 // Between its arrival and its wait a block may issue work that needs nothing the other
 // blocks write before the barrier (loads of its next rows). Block-wide writes before the
 // arrival are visible grid-wide after the wait.
@@ -194,6 +194,16 @@ __device__ __forceinline__ void grid_wait(unsigned int* barrier, unsigned int i)
 __device__ __forceinline__ void grid_barrier(unsigned int* barrier, unsigned int i) {
     grid_arrive(barrier);
     grid_wait(barrier, i);
+}
+// Thread 0, once its block waits at no more barriers and its writes are done: whether this
+// is the launch's last block to get here. The last one sees every block's writes before this
+// call, and every block is then past its waits: the counters are set back for the next launch.
+__device__ __forceinline__ bool grid_done(unsigned int* barrier) {
+    __threadfence();
+    if (atomicAdd(barrier + 1, 1u) != gridDim.x - 1) return false;
+    barrier[0] = 0;
+    barrier[1] = 0;
+    return true;
 }
 """
 

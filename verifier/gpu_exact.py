@@ -609,10 +609,7 @@ check(const VA_T* __restrict__ A, const VB_T* __restrict__ B, const VC_T* __rest
             VA_PASS(A, X, rounds, 1, Z, Z, verdict, m, k, 0, 1, tile, v, wait, 2);
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(barrier + 1, 1u) == gridDim.x - 1) {  // the last block: all counted
-            barrier[0] = 0;  // every block is past its waits
-            barrier[1] = 0;
+        if (grid_done(barrier)) {  // the last block: every row counted
             const volatile long long* result = verdict;
             host_verdict[0] = result[0];
             host_verdict[1] = result[1];

@@ -358,8 +358,7 @@ extern "C" __global__ void __launch_bounds__(VF_THREADS) check(
         block_worst[blockIdx.x] = value[0];
         block_row[blockIdx.x] = where[0];
         block_bad[blockIdx.x] = (int)where[VF_WARPS];
-        __threadfence();
-        last = atomicAdd(barrier + 1, 1u) == gridDim.x - 1;
+        last = grid_done(barrier);
         nonfinite = 0;
     }
     __syncthreads();
@@ -380,8 +379,6 @@ extern "C" __global__ void __launch_bounds__(VF_THREADS) check(
         __syncthreads();
     }
     if (t == 0) {
-        barrier[0] = 0;  // every block is past both barriers
-        barrier[1] = 0;
         host_out[0] = value[0];
         host_out[1] = (double)where[0];
         host_out[2] = nonfinite;
