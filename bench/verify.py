@@ -50,16 +50,20 @@ SHORT_CALL, SHORT_REPEATS = 1e-3, 50  # calls under a millisecond: best of at le
 BACK_TO_BACK = 50  # GPU launches timed together
 
 
-def best_time(fn, repeats: int, sync=lambda: None) -> float:
+def best_time(fn, repeats: int, sync=lambda: None, until_return: bool = False) -> float:
     """Best of repeats calls, or of SHORT_REPEATS where a call takes under SHORT_CALL (the
-    host's jitter is then a large part of one call)."""
+    host's jitter is then a large part of one call), each from a synchronised device to the
+    next synchronisation; with until_return, until fn returns (the synchronisation after it
+    untimed: for verify(), which returns once the kernel has written the verdict, the wait
+    for its verdict without the kernel's exit after that)."""
     best, done = float("inf"), 0
     while done < repeats or (best < SHORT_CALL and done < SHORT_REPEATS):
         sync()
         start = clock()
         fn()
+        returned = clock()
         sync()
-        best = min(best, clock() - start)
+        best = min(best, (returned if until_return else clock()) - start)
         done += 1
     return best
 
@@ -103,8 +107,8 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED), repeats, sync)
     rows.append(("verify exact int8->int32, 1 round", seconds, sgemm))
     if xp is not np:
-        returned = until_return(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
-                                repeats, sync)
+        returned = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
+                             repeats, sync, until_return=True)
         rows.append(("  verify() until it returns the verdict", returned, sgemm))
         rows += exact_pieces(Ai, Bi, Ci, sgemm, repeats, sync)
     if n <= int_matmul_limit:
@@ -127,21 +131,6 @@ def event_seconds(enqueue, repeats: int, launches: int = 1) -> float:
         end.record()
         end.synchronize()
         best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3 / launches)
-    return best
-
-
-def until_return(fn, repeats: int, sync) -> float:
-    """Best of repeats (at least SHORT_REPEATS) calls of fn timed until it returns, the
-    device synchronised before each and after it, untimed: for verify(), which returns once
-    the kernel has written the verdict, the wait for its verdict without the kernel's exit
-    after that."""
-    best = float("inf")
-    for _ in range(max(repeats, SHORT_REPEATS)):
-        sync()
-        start = clock()
-        fn()
-        best = min(best, clock() - start)
-    sync()
     return best
 
 
