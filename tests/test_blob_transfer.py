@@ -497,13 +497,20 @@ def test_chain_client_reaches_blobs_through_the_rpc_port_when_the_blob_port_is_u
 
 # -- downloads of recent uploads from memory -----------------------------------------------
 
-def raw_get(port: int, id_hex: str) -> bytes:
+def request(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    """(status, body) of one request on a connection of its own."""
     conn = http.client.HTTPConnection("127.0.0.1", port)
-    conn.request("GET", f"/blobs/0x{id_hex}")
-    response = conn.getresponse()
-    body = response.read()
-    conn.close()
-    assert response.status == 200, body
+    try:
+        conn.request(method, path, body)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def raw_get(port: int, id_hex: str) -> bytes:
+    status, body = request(port, "GET", f"/blobs/0x{id_hex}")
+    assert status == 200, body
     return body
 
 
@@ -561,10 +568,7 @@ def test_recent_uploads_are_served_from_memory_and_evicted_by_bytes(tmp_path):
         settle(server, 16 << 20)
         client = BlobClient(f"http://127.0.0.1:{server.port}/blobs", LIMIT_MB << 20)
         client.put(blobs[0])
-        conn = http.client.HTTPConnection("127.0.0.1", server.port)
-        conn.request("PUT", f"/blobs/0x{ids[1]}", blobs[1])
-        assert conn.getresponse().status == 200
-        conn.close()
+        assert request(server.port, "PUT", f"/blobs/0x{ids[1]}", blobs[1])[0] == 200
         recent = server.recent
         assert list(recent.blobs) == [bytes.fromhex(i) for i in ids[:2]]
         assert recent.held == sum(b.nbytes for b in recent.blobs.values()) <= 8 << 20
@@ -589,14 +593,8 @@ def test_refused_and_cut_uploads_are_never_cached(tmp_path):
     framed = len(blob).to_bytes(8, "little") + blob
     with BlobServer(store, recent_bytes=16 << 20) as server:
         settle(server, 16 << 20)
-        conn = http.client.HTTPConnection("127.0.0.1", server.port)
-        conn.request("POST", "/blobs/", framed + bytes.fromhex(forged))
-        assert conn.getresponse().status == 400
-        conn.close()
-        conn = http.client.HTTPConnection("127.0.0.1", server.port)
-        conn.request("PUT", f"/blobs/0x{forged}", blob)
-        assert conn.getresponse().status == 400
-        conn.close()
+        assert request(server.port, "POST", "/blobs/", framed + bytes.fromhex(forged))[0] == 400
+        assert request(server.port, "PUT", f"/blobs/0x{forged}", blob)[0] == 400
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(b"POST /blobs/ HTTP/1.1\r\nContent-Length: "
                          + str(len(framed) + 32).encode() + b"\r\n\r\n" + framed[:2 << 20])
@@ -605,23 +603,16 @@ def test_refused_and_cut_uploads_are_never_cached(tmp_path):
         while server.recent.held and time.monotonic() < deadline:
             time.sleep(0.01)
         assert (server.recent.held, list(server.recent.blobs)) == (0, [])
-        conn = http.client.HTTPConnection("127.0.0.1", server.port)
-        conn.request("GET", f"/blobs/0x{forged}")
-        assert conn.getresponse().status == 404
-        conn.close()
+        assert request(server.port, "GET", f"/blobs/0x{forged}")[0] == 404
         pair = [blob, encode_array(np.arange(5, dtype=np.int8))]
         body = b"".join(len(b).to_bytes(8, "little") + b + blake3.blake3(b).digest()
                         for b in pair)
-        conn = http.client.HTTPConnection("127.0.0.1", server.port)
-        conn.request("POST", "/blobs/", body)
-        assert conn.getresponse().status == 200
-        conn.close()
+        assert request(server.port, "POST", "/blobs/", body)[0] == 200
         assert (server.recent.held, list(server.recent.blobs)) == (0, [])
         settle(server)
-        conn = http.client.HTTPConnection("127.0.0.1", server.port)  # the check: this one is
-        conn.request("POST", "/blobs/", framed + blake3.blake3(blob).digest())  # cached
-        assert conn.getresponse().status == 200
-        conn.close()
+        # the check: this one is cached
+        assert request(server.port, "POST", "/blobs/", framed + blake3.blake3(blob).digest()
+                       )[0] == 200
         assert list(server.recent.blobs) == [blake3.blake3(blob).digest()]
 
 
