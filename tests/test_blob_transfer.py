@@ -41,6 +41,16 @@ def files(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+def wait_for_temp_file(directory) -> None:
+    """Until an upload's temp file exists (bounded), while its client still holds the
+    connection: a cut checked before the upload began would find no temp file to remove."""
+    deadline = time.monotonic() + 30
+    while not any(f.startswith(".tmp") for f in files(directory)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert any(f.startswith(".tmp") for f in files(directory))
+
+
 def wait_for_files(directory, expected: list[str]) -> list[str]:
     """An aborted upload's temp file is removed once the node sees the abort, on its write
     thread: wait (bounded). Seen taking ~5 s under uvicorn's h11 protocol (no httptools)
@@ -194,6 +204,7 @@ def test_streamed_upload_with_wrong_or_cut_trailer_stores_nothing(node):
     with socket.create_connection(("127.0.0.1", node.blob_port)) as sock:  # cut mid-blob
         sock.sendall(b"POST /blobs/ HTTP/1.1\r\nHost: x\r\nContent-Length: "
                      + str(len(framed) + 32).encode() + b"\r\n\r\n" + framed[:2 << 20])
+        wait_for_temp_file(directory)
     assert wait_for_files(directory, before) == before
     status, reply = post(framed + blake3.blake3(blob).digest())
     assert status == 200 and reply["ids"] == ["0x" + blake3.blake3(blob).hexdigest()]
@@ -346,9 +357,7 @@ def test_listener_close_mid_upload_stores_nothing(tmp_path):
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(f"PUT /blobs/0x{blake3.blake3(blob).hexdigest()} HTTP/1.1\r\n"
                      f"Content-Length: {len(blob)}\r\n\r\n".encode() + blob[:2 << 20])
-        deadline = time.monotonic() + 10  # until the upload's temp file exists
-        while not files(store.directory) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_temp_file(store.directory)
         server.close()
         assert sock.recv(100) == b""  # cut
     assert wait_for_files(store.directory, []) == []
@@ -598,6 +607,7 @@ def test_refused_and_cut_uploads_are_never_cached(tmp_path):
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(b"POST /blobs/ HTTP/1.1\r\nContent-Length: "
                          + str(len(framed) + 32).encode() + b"\r\n\r\n" + framed[:2 << 20])
+            wait_for_temp_file(store.directory)
         assert wait_for_files(store.directory, []) == []
         deadline = time.monotonic() + 10  # the cut connection's thread lets go (bounded)
         while server.recent.held and time.monotonic() < deadline:
