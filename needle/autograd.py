@@ -208,7 +208,10 @@ class Tensor(Value):
         return len(self.shape)
 
     def __len__(self) -> int:
-        return self.shape[0]
+        return len(self.realize_cached_data())
+
+    def __bool__(self) -> bool:
+        return bool(self.realize_cached_data())
 
     def __repr__(self) -> str:
         return f"needle.Tensor({self.realize_cached_data()})"

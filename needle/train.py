@@ -167,7 +167,7 @@ def load_classification(name: str, data_dir: str | None, seed: int):
         for prefix in ("train", "t10k"):
             ds = data.MNISTDataset(_find(data_dir, f"{prefix}-images-idx3-ubyte"),
                                    _find(data_dir, f"{prefix}-labels-idx1-ubyte"))
-            split += [ds.X.reshape(-1, 1, ds.side, ds.side), ds.y.astype(np.float32)]
+            split += [ds.X.reshape(-1, 1, *ds.image_shape), ds.y.astype(np.float32)]
         return tuple(split)
     if name == "cifar10":
         train, test = (data.CIFAR10Dataset(data_dir, train=t) for t in (True, False))

@@ -55,6 +55,22 @@ def test_shuffle_is_a_permutation_reproducible_from_the_seed():
     assert not np.array_equal(first, epochs(8)[0])
 
 
+def test_shuffle_without_a_seed_follows_numpy_global_seed():
+    """As in the CMU course: np.random.seed fixes the order of an unseeded loader."""
+    ds = data.ArrayDataset(np.zeros((20, 1), np.float32), np.arange(20))
+
+    def order():
+        loader = data.DataLoader(ds, batch_size=20, shuffle=True)
+        return next(iter(loader))[1].numpy()
+
+    np.random.seed(3)
+    first = order()
+    np.random.seed(3)
+    np.testing.assert_array_equal(order(), first)
+    np.random.seed(3)
+    np.testing.assert_array_equal(first, np.random.permutation(20))
+
+
 def test_loader_applies_transforms_and_rejects_bad_arguments():
     ds = data.ArrayDataset(np.ones((4, 2, 2, 1), dtype=np.float32), None,
                            transforms=[data.Normalize([0.5], [0.25])])
@@ -134,6 +150,21 @@ def test_mnist_reader_rejects_corrupt_files(tmp_path):
     other_img, other_lab = write_idx(str(tmp_path / "u"), np.zeros((2, 4, 4)), np.zeros(2), False)
     with pytest.raises(ValueError, match="3 images but 2 labels"):
         data.parse_mnist(img_path, other_lab)
+    gz_img, gz_lab = write_idx(str(tmp_path / "g"), images, np.zeros(3), compress=True)
+    with open(gz_img, "rb") as f:
+        raw = f.read()
+    for name, blob in (("cut.gz", raw[: len(raw) // 2]), ("bad.gz", raw[:2] + b"\0" * 30)):
+        with open(tmp_path / name, "wb") as f:
+            f.write(blob)
+        with pytest.raises(ValueError, match=rf"{name}: corrupt or truncated gzip"):
+            data.parse_mnist(str(tmp_path / name), gz_lab)
+
+
+def test_mnist_dataset_keeps_non_square_images_for_transforms(tmp_path):
+    images = np.arange(2 * 4 * 7).reshape(2, 4, 7) % 256
+    img_path, lab_path = write_idx(str(tmp_path / "r"), images, np.zeros(2), compress=False)
+    ds = data.MNISTDataset(img_path, lab_path, transforms=[data.RandomFlipHorizontal(1.0)])
+    np.testing.assert_allclose(ds[1][0].reshape(4, 7), images[1][:, ::-1] / 255.0)
 
 
 # ---------------------------------------------------------------- CIFAR-10
@@ -207,3 +238,4 @@ def test_ptb_corpus_dictionary_batchify_and_get_batch(tmp_path):
         data.get_batch(batches, 3, bptt=2)
     with pytest.raises(ValueError, match="too few"):
         data.batchify([1, 2], batch_size=3)
+    np.testing.assert_array_equal(data.batchify(corpus.train, 3, None, "float32"), batches)

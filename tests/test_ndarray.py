@@ -1,5 +1,7 @@
 """NDArray against numpy: view semantics (no copies), compaction, setitem, math, reductions."""
 
+import operator
+
 import numpy as np
 import pytest
 
@@ -243,26 +245,80 @@ def test_copy_between_devices(device):
     np.testing.assert_array_equal(copy.numpy(), x[:, 1:])
 
 
-def test_compact_copy_is_cached_until_a_write(device):
+def test_kernel_reads_of_a_view_copy_it_once_until_a_write(device):
     x = RNG.standard_normal((4, 3)).astype(np.float32)
     a = nd(x, device)
     view = a.permute((1, 0))
-    first = view.compact()
-    assert view.compact() is first  # read twice (forward, backward): copied once
+    first = view._compact_read()
+    assert view._compact_read() is first  # read twice (forward, backward): copied once
     a[0, 0] = 42.0  # a write to the base buffer invalidates the copy
     x[0, 0] = 42.0
-    second = view.compact()
+    second = view._compact_read()
     assert second is not first
     np.testing.assert_array_equal(second.numpy(), x.T)
     second[1, 1] = -5.0  # so does a write into the copy itself
-    third = view.compact()
+    third = view._compact_read()
     assert third is not second
     np.testing.assert_array_equal(third.numpy(), x.T)
     other_view = a[1:].permute((1, 0))  # views of one buffer share the write counter
-    other_view.compact()
+    other_view._compact_read()
     view[2] = 0.0
     x[:, 2] = 0.0
-    np.testing.assert_array_equal(other_view.compact().numpy(), x[1:].T)
+    np.testing.assert_array_equal(other_view._compact_read().numpy(), x[1:].T)
+
+
+def test_compact_and_reshape_copies_are_never_shared(device):
+    """Like numpy's copies: a write into one never shows in another."""
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    view = nd(x, device).permute((1, 0))
+    cached = view._compact_read()
+    mine = view.compact()
+    assert mine is cached  # a kernel's cached copy is handed over, not copied again
+    mine[0, 0] = 7.0
+    np.testing.assert_array_equal(view._compact_read().numpy(), x.T)
+    c1, c2 = view.compact(), view.compact()
+    r1, r2 = view.reshape((6,)), view.reshape((6,))
+    c1[0, 0] = -1.0
+    r1[0] = 99.0
+    np.testing.assert_array_equal(c2.numpy(), x.T)
+    np.testing.assert_array_equal(r2.numpy(), x.T.ravel())
+    np.testing.assert_array_equal(view.numpy(), x.T)
+
+
+def test_comparisons_with_nan_match_numpy(device):
+    x = np.array([np.nan, 1.0, 2.0, -np.inf, np.inf], np.float32)
+    y = np.array([1.0, np.nan, 2.0, -np.inf, 0.0], np.float32)
+    a, b = nd(x, device), nd(y, device)
+    for op in (operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne):
+        np.testing.assert_array_equal(op(a, b).numpy(), op(x, y), err_msg=op.__name__)
+        np.testing.assert_array_equal(op(a, 1.5).numpy(), op(x, 1.5), err_msg=op.__name__)
+
+
+def test_truth_value_and_len_follow_numpy(device):
+    assert not nd([0.0], device) and nd([[2.0]], device)
+    assert not (ndl.Tensor([0.0], device=device) == 1.0)
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(nd([0.0, 0.0], device))
+    with pytest.raises(TypeError, match="0-d"):
+        len(nd(np.float32(3.0), device))
+    assert len(nd(np.zeros((3, 2)), device)) == 3
+
+
+def test_numpy_arrays_as_operands(device):
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    y = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose((nd(x, device) * y).numpy(), x * y, rtol=1e-6)
+    a = nd(np.zeros((2, 3)), device)
+    a[:, 1:] = y[:, 1:]
+    np.testing.assert_array_equal(a.numpy()[:, 1:], y[:, 1:])
+    with pytest.raises(ValueError, match="differ"):
+        nd(x, device) + y[:1]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 0), (0, 4)), ((2, 3, 0), (2, 0, 4))])
+def test_matmul_with_empty_inner_dimension(device, a_shape, b_shape):
+    got = (nd(np.ones(a_shape), device) @ nd(np.ones(b_shape), device)).numpy()
+    np.testing.assert_array_equal(got, np.ones(a_shape) @ np.ones(b_shape))
 
 
 def test_allow_tf32_uses_the_tensor_core_path_only_where_it_exists(device):

@@ -169,6 +169,33 @@ def test_logsumexp_is_stable(device):
     np.testing.assert_allclose(got, [1000 + np.log(2), -1000 + np.log1p(np.exp(-1))], rtol=1e-6)
 
 
+def test_logsumexp_of_infinite_slices(device):
+    x = np.array([[-np.inf, -np.inf], [np.inf, 0.0], [3e38, 3e38], [0.0, 0.0]], np.float32)
+    got = ops.logsumexp(ndl.Tensor(x, device=device), axes=(1,)).numpy()
+    np.testing.assert_allclose(got, np.logaddexp.reduce(x.astype(np.float64), axis=1), rtol=1e-6)
+
+
+def test_sigmoid_keeps_precision_for_negative_inputs(device):
+    x = np.array([-80, -30, -20, -17, -15, -10, -1, 0, 1, 10, 30, 80], np.float32)
+    got = ops.sigmoid(ndl.Tensor(x, device=device)).numpy()
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)
+    t = ndl.Tensor(x[1:], device=device, requires_grad=True)
+    ops.log(ops.sigmoid(t)).sum().backward()  # d/dx log sigmoid(x) = 1 - sigmoid(x)
+    np.testing.assert_allclose(t.grad.numpy(), 1 / (1 + np.exp(x[1:].astype(np.float64))),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_power_zero_has_zero_gradient_at_zero(device):
+    t = ndl.Tensor(np.array([0.0, 2.0], np.float32), device=device, requires_grad=True)
+    (t**0).sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), [0.0, 0.0])
+
+
+def test_transpose_names_its_two_axes_rule():
+    with pytest.raises(ValueError, match="transpose swaps two axes"):
+        ops.transpose(ndl.Tensor(np.zeros((2, 3, 4), np.float32)), (2, 0, 1))
+
+
 def test_max_gradient_splits_ties(device):
     x = ndl.Tensor(np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0]]), device=device)
     ops.max(x, axes=(1,)).sum().backward()

@@ -336,7 +336,16 @@ class NDArray:
         return math.prod(self._shape)
 
     def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d array")
         return self._shape[0]
+
+    def __bool__(self) -> bool:
+        """numpy's rule: only a one-element array has a truth value."""
+        if self.size != 1:
+            raise ValueError(f"the truth value of an array of {self.size} elements is "
+                             "ambiguous; use .numpy().any() or .numpy().all()")
+        return bool(self.numpy().item())
 
     def __repr__(self) -> str:
         return f"NDArray({self.numpy()!r}, device={self._device})"
@@ -372,25 +381,43 @@ class NDArray:
         return self._is_compact
 
     def compact(self) -> NDArray:
-        """This array if it already fills its buffer row-major, else a compact copy.
-
-        The copy is cached on this view (views are often read twice: forward and
-        backward) until the buffer or the copy is written through an NDArray.
-        """
+        """This array if it already fills its buffer row-major, else a compact copy that no
+        other array shares (a copy cached by an earlier read is handed over, not shared)."""
         if self.is_compact():
             return self
+        out = self._cached_copy()
+        if out is None:
+            return self._copy()
+        self._compacted = None
+        return out
+
+    def _compact_read(self) -> NDArray:
+        """compact() for a kernel's input, read once and dropped. The copy is cached on this
+        view (views are often read twice: forward and backward) until the buffer or the copy
+        is written; callers must never write it or hand it out."""
+        if self.is_compact():
+            return self
+        out = self._cached_copy()
+        if out is None:
+            out = self._copy()
+            if self._writes is not None:
+                self._compacted = (self._writes[0], out, 0)
+        return out
+
+    def _cached_copy(self) -> NDArray | None:
         cached = self._compacted
         if cached is not None:
             writes, out, out_writes = cached
             if writes == self._writes[0] and out_writes == out._writes[0]:
                 return out
+        return None
+
+    def _copy(self) -> NDArray:
         out = _fresh(self._shape, self._device)
         if out.size:
             self._device.compact(
                 self._handle, out._handle, self._shape, self._strides, self._offset
             )
-        if self._writes is not None:
-            self._compacted = (self._writes[0], out, 0)
         return out
 
     # ------------------------------------------------------------------ views
@@ -496,10 +523,11 @@ class NDArray:
         if view.size == 0:
             return
         self._written()
+        other = self._operand(other)
         if isinstance(other, NDArray):
             if other._device is not self._device and other._device != self._device:
                 raise ValueError(f"setitem: value on {other.device}, array on {self.device}")
-            source = other.broadcast_to(view.shape).compact()
+            source = other.broadcast_to(view.shape)._compact_read()
             if source._handle is self._handle:  # e.g. a[::-1] = a: read everything first
                 source = source + 0.0
             self._device.ewise_setitem(
@@ -511,21 +539,28 @@ class NDArray:
             )
 
     # ------------------------------------------------------------------ elementwise
+    def _operand(self, other):
+        """A numpy array (other than 0-d) as an NDArray on this device; anything else as is."""
+        if isinstance(other, np.ndarray) and other.ndim:
+            return NDArray(other, device=self._device)
+        return other
+
     def _binary(self, other, ewise, scalar, name: str) -> NDArray:
         out = _fresh(self._shape, self._device)
+        other = self._operand(other)
         if isinstance(other, NDArray):
             if other._shape != self._shape:
                 raise ValueError(f"{name}: shapes {self._shape} and {other._shape} differ")
             if other._device is not self._device and other._device != self._device:
                 raise ValueError(f"{name}: arrays on {self._device} and {other._device}")
-            ewise(self.compact()._handle, other.compact()._handle, out._handle)
+            ewise(self._compact_read()._handle, other._compact_read()._handle, out._handle)
         else:
-            scalar(self.compact()._handle, float(other), out._handle)
+            scalar(self._compact_read()._handle, float(other), out._handle)
         return out
 
     def _unary(self, fn) -> NDArray:
         out = _fresh(self._shape, self._device)
-        fn(self.compact()._handle, out._handle)
+        fn(self._compact_read()._handle, out._handle)
         return out
 
     def __add__(self, other) -> NDArray:
@@ -573,11 +608,11 @@ class NDArray:
     def __gt__(self, other) -> NDArray:
         return (self >= other) * (self != other)
 
-    def __lt__(self, other) -> NDArray:
-        return 1 - (self >= other)
+    def __lt__(self, other) -> NDArray:  # as -a > -b: false where either is NaN, like >
+        return (-self) > (-other)
 
     def __le__(self, other) -> NDArray:
-        return 1 - (self > other)
+        return (-self) >= (-other)
 
     __hash__ = None  # type: ignore[assignment]
     __array_ufunc__ = None  # numpy scalars on the left defer to NDArray's reflected operators
@@ -613,7 +648,7 @@ class NDArray:
                 f"matmul: batch dimensions of {self._shape} and {other._shape} do not broadcast"
             ) from None
         if other.ndim == 2:  # one weight for every batch row: a single 2-D product
-            flat = self.broadcast_to(batch + (m, n)).reshape((-1, n))
+            flat = self.broadcast_to(batch + (m, n)).reshape((math.prod(batch) * m, n))
             return flat._matmul_2d(other).reshape(batch + (m, p))
         a = self.broadcast_to(batch + (m, n))
         b = other.broadcast_to(batch + (n, p))
@@ -632,7 +667,7 @@ class NDArray:
             return out
         device = self._device
         matmul = device.__dict__.get("matmul_tf32", device.matmul) if _tf32 else device.matmul
-        matmul(self.compact()._handle, other.compact()._handle, out._handle, m, n, p)
+        matmul(self._compact_read()._handle, other._compact_read()._handle, out._handle, m, n, p)
         return out
 
     # ------------------------------------------------------------------ reductions
@@ -649,18 +684,19 @@ class NDArray:
         elif out.size:
             order = kept + tuple(sorted(axes))
             if order == tuple(range(self.ndim)):  # reduced axes already trailing
-                fn(self.compact()._handle, out._handle, reduce_size)
+                fn(self._compact_read()._handle, out._handle, reduce_size)
             elif name == "sum" and kept == tuple(range(len(axes), self.ndim)):
                 # Leading axes (a batch, N*H*W of NHWC): ones(1, R) @ x(R, C) reads x in
                 # place, where reduce_sum would first need a transposed copy of x.
                 rows = self.reshape((reduce_size, out.size))
                 ones = _fresh((1, reduce_size), self._device)
                 self._device.fill(ones._handle, 1.0)
+                rows = rows._compact_read()
                 self._device.matmul(
-                    ones._handle, rows.compact()._handle, out._handle, 1, reduce_size, out.size
+                    ones._handle, rows._handle, out._handle, 1, reduce_size, out.size
                 )
             else:
-                fn(self.permute(order).compact()._handle, out._handle, reduce_size)
+                fn(self.permute(order)._compact_read()._handle, out._handle, reduce_size)
         if keepdims:
             kept_shape = tuple(1 if i in axes else d for i, d in enumerate(self._shape))
             out = out._view(kept_shape, None, 0)

@@ -57,8 +57,9 @@ class ArrayDataset(Dataset):
 class DataLoader:
     """Batches of a dataset as tuples of Tensors (one per field of an example).
 
-    shuffle reorders every epoch from a generator seeded by `seed` (so a seed makes the
-    order reproducible); drop_last skips a final batch smaller than batch_size.
+    shuffle reorders every epoch: from a generator seeded by `seed` when one is given, else
+    from numpy's global generator (so np.random.seed makes the order reproducible, as in the
+    CMU course); drop_last skips a final batch smaller than batch_size.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False,
@@ -72,7 +73,7 @@ class DataLoader:
         self.drop_last = drop_last
         self.device = device
         self.dtype = dtype
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random if seed is None else np.random.default_rng(seed)
 
     def __len__(self) -> int:
         n, b = len(self.dataset), self.batch_size

@@ -6,6 +6,8 @@ from ..autograd import NDArray, Tensor, TensorOp
 from .ops_mathematic import exp
 from .ops_shape import _keepdims_shape, _reduced_axes, broadcast_to, reshape
 
+FLOAT32_MAX = 3.4028234663852886e38
+
 __all__ = [
     "LogSumExp",
     "logsumexp",
@@ -19,7 +21,10 @@ class LogSumExp(TensorOp):
         self.axes = axes
 
     def compute(self, z: NDArray) -> NDArray:
-        top = z.max(self.axes, keepdims=True)
+        # the shift is kept finite: a slice of all -inf then gives -inf and one holding +inf
+        # gives +inf (as scipy and PyTorch), where inf - inf would make NaN
+        top = z.max(self.axes, keepdims=True).maximum(-FLOAT32_MAX)
+        top = -(-top).maximum(-FLOAT32_MAX)  # min(top, FLOAT32_MAX): NDArray has no minimum
         shifted = (z - top.broadcast_to(z.shape)).exp().sum(self.axes, keepdims=True)
         return (shifted.log() + top).reshape(self._out_shape(z))
 

@@ -135,6 +135,8 @@ class PowerScalar(TensorOp):
         return a**self.scalar
 
     def gradient(self, out_grad, node):
+        if self.scalar == 0:  # a ** 0 is constant; 0 * a ** -1 would be NaN at a = 0
+            return out_grad * 0.0
         a = node.inputs[0]
         return out_grad * self.scalar * a ** (self.scalar - 1)
 
@@ -224,10 +226,13 @@ def tanh(a: Tensor) -> Tensor:
 
 
 class Sigmoid(TensorOp):
-    """1 / (1 + exp(-a)), written through tanh so large |a| cannot overflow."""
+    """1 / (1 + exp(-a)) from e = exp(-|a|) <= 1: 1 / (1 + e) for a >= 0, e / (1 + e) below,
+    so nothing overflows and tiny values for very negative a keep their precision."""
 
     def compute(self, a: NDArray) -> NDArray:
-        return ((a * 0.5).tanh() + 1.0) * 0.5
+        e = (-a.maximum(-a)).exp()
+        positive = a >= 0.0
+        return (positive + (1.0 - positive) * e) / (e + 1.0)
 
     def gradient(self, out_grad, node):
         return out_grad * node * (1.0 - node)

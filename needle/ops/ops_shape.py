@@ -46,6 +46,9 @@ class Transpose(TensorOp):
     """Swap two axes (default: the last two)."""
 
     def __init__(self, axes: tuple[int, int] | None = None):
+        if axes is not None and len(tuple(axes)) != 2:
+            raise ValueError(f"transpose swaps two axes, got axes={axes}; compose "
+                             "transposes to reorder more")
         self.axes = axes
 
     def compute(self, a: NDArray) -> NDArray:

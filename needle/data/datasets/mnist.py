@@ -12,11 +12,22 @@ _IMAGES_MAGIC, _LABELS_MAGIC = 2051, 2049
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         raw = f.read()
-    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError) as err:  # BadGzipFile is an OSError; a cut file is an EOFError
+        raise ValueError(f"{path}: corrupt or truncated gzip data ({err})") from err
 
 
 def parse_mnist(image_filename: str, label_filename: str) -> tuple[np.ndarray, np.ndarray]:
     """Images as float32 (N, rows * cols) scaled to [0, 1], labels as uint8 (N,)."""
+    X, y, _ = _parse(image_filename, label_filename)
+    return X, y
+
+
+def _parse(image_filename: str, label_filename: str
+           ) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     images, labels = _read(image_filename), _read(label_filename)
     if len(images) < 16 or struct.unpack(">I", images[:4])[0] != _IMAGES_MAGIC:
         raise ValueError(f"{image_filename}: not an idx image file (magic {_IMAGES_MAGIC})")
@@ -36,19 +47,20 @@ def parse_mnist(image_filename: str, label_filename: str) -> tuple[np.ndarray, n
     if n != n_labels:
         raise ValueError(f"{n} images but {n_labels} labels")
     X = np.frombuffer(images, dtype=np.uint8, offset=16).reshape(n, rows * cols)
-    return X.astype(np.float32) / 255.0, np.frombuffer(labels, dtype=np.uint8, offset=8).copy()
+    y = np.frombuffer(labels, dtype=np.uint8, offset=8).copy()
+    return X.astype(np.float32) / 255.0, y, (rows, cols)
 
 
 class MNISTDataset(ArrayDataset):
     """Examples are (flat 784 image in [0, 1], label), as in CMU needle; transforms see the
-    image as 28 x 28 x 1."""
+    image as rows x cols x 1 (28 x 28)."""
 
     def __init__(self, image_filename: str, label_filename: str, transforms=None):
-        super().__init__(*parse_mnist(image_filename, label_filename), transforms=transforms)
-        self.side = int(round(np.sqrt(self.X.shape[1])))
+        X, y, self.image_shape = _parse(image_filename, label_filename)
+        super().__init__(X, y, transforms=transforms)
 
     def __getitem__(self, index):
         x = self.X[index]
         if self.transforms:
-            x = self.apply_transforms(x.reshape(self.side, self.side, 1)).reshape(-1)
+            x = self.apply_transforms(x.reshape(*self.image_shape, 1)).reshape(-1)
         return x, self.y[index]

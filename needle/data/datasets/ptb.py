@@ -41,8 +41,9 @@ class Corpus:
         return ids
 
 
-def batchify(data, batch_size: int) -> np.ndarray:
-    """Cut the token stream into batch_size columns: (len(data) // batch_size, batch_size)."""
+def batchify(data, batch_size: int, device=None, dtype: str = "float32") -> np.ndarray:
+    """Cut the token stream into batch_size columns: (len(data) // batch_size, batch_size).
+    device and dtype are accepted for the course's signature; get_batch makes the Tensors."""
     rows = len(data) // batch_size
     if rows == 0:
         raise ValueError(f"{len(data)} tokens are too few for batch_size {batch_size}")
