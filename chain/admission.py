@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from eth.abc import SignedTransactionAPI
+from eth.constants import SECPK1_N
 from eth.vm.forks.prague.transactions import PragueTransactionBuilder
 from eth_utils import ValidationError
 
@@ -33,17 +34,29 @@ class TxRejected(ValueError):
     """A transaction refused at admission; the message says why."""
 
 
+def validate_fee_caps(tx: SignedTransactionAPI) -> None:
+    """EIP-1559: the tip offered per gas may not exceed the most the sender pays per gas.
+    py-evm does not check it; the chain's VM does (``chain.vm.PoUWState``), and admission."""
+    if tx.max_priority_fee_per_gas > tx.max_fee_per_gas:
+        raise ValidationError(f"maxPriorityFeePerGas {tx.max_priority_fee_per_gas} is above "
+                              f"maxFeePerGas {tx.max_fee_per_gas}")
+
+
 def decode_transaction(raw: bytes) -> SignedTransactionAPI:
     """A signed transaction from its raw bytes, checked on its own (type, signature values,
-    chain id) with its sender recovered and cached; TxRejected says what is wrong."""
+    fee caps, chain id) with its sender recovered and cached; TxRejected says what is
+    wrong."""
     try:
         tx = PragueTransactionBuilder.decode(raw)
     except Exception as exc:
         raise TxRejected(f"transaction could not be decoded: {exc}") from exc
     if tx.type_id == BLOB_TX_TYPE:
         raise TxRejected("blob transactions (type 3) are not supported")
+    if tx.s > SECPK1_N // 2:  # its twin (n - s) signs the same: py-evm's VM refuses it (EIP-2)
+        raise TxRejected("invalid signature: s is above secp256k1n/2 (EIP-2)")
     try:
         tx.validate()
+        validate_fee_caps(tx)
     except ValidationError as exc:
         raise TxRejected(f"invalid transaction: {exc}") from exc
     if tx.chain_id is None:

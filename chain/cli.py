@@ -1,18 +1,16 @@
 """`chain` command line: run a node, list the dev accounts, query a node's /info."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
 from chain.params import CHAIN_ID, DEV_ACCOUNT_BALANCE, DEV_ACCOUNT_COUNT, MARKET_ADDRESS
-
-if TYPE_CHECKING:
-    from chain.blobs import BlobStore
-    from chain.blobserver import BlobServer
 
 app = typer.Typer(help="needle-net proof-of-useful-work chain (py-evm).", no_args_is_help=True)
 
@@ -22,16 +20,18 @@ def up(
     data_dir: Annotated[Path, typer.Option(help="Chain database and blob store.")] = Path(
         "chain-data"),
     host: Annotated[str, typer.Option(help="Interface for JSON-RPC and blobs.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port.")] = 8545,
+    port: Annotated[int, typer.Option(help="HTTP port; 0: any free port.", min=0,
+                                      max=65535)] = 8545,
     blob_port: Annotated[int | None, typer.Option(
         help="Port of the blob listener (advertised as blob_url in /info; /blobs on the HTTP "
              "port works too, slower). Default: the HTTP port + 1, or any free port if that "
-             "one is taken; 0: any free port.", show_default=False)] = None,
+             "one is taken; 0: any free port.", show_default=False, min=0, max=65535)] = None,
     block_time: Annotated[float, typer.Option(
-        help="Seal a block at least this often (s); 0: never seal empty blocks.")] = 1.0,
+        help="Seal a block at least this often (s); 0: never seal empty blocks.",
+        min=0)] = 1.0,
     seal_on_pending: Annotated[bool, typer.Option(
         help="Seal as soon as transactions are pending.")] = True,
-    max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.")] = 256,
+    max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.", min=1)] = 256,
     blob_cache_mb: Annotated[int, typer.Option(
         help="Memory for the latest large uploads, whose downloads (workers fetching the "
              "operands just uploaded) are then sent without a disk read, MiB; 0: off.",
@@ -39,16 +39,26 @@ def up(
     log_level: Annotated[str, typer.Option(help="Python/uvicorn log level.")] = "warning",
 ) -> None:
     """Start a node: JSON-RPC at http://HOST:PORT/, node info at /info, blobs at
-    http://HOST:BLOB_PORT/blobs (and at /blobs)."""
+    http://HOST:BLOB_PORT/blobs (and at /blobs). Refuses to start, before it opens the
+    database, when a port is taken or another node holds the data dir."""
     import uvicorn
     from eth_utils import to_checksum_address
 
+    from chain.blobserver import BlobServer
+    from chain.db import DataDirError
     from chain.node import Node, NodeConfig
     from chain.rpc import create_app
 
     logging.basicConfig(level=log_level.upper())
-    node = Node(NodeConfig(data_dir=data_dir, block_time=block_time,
-                           seal_on_pending=seal_on_pending, max_blob_bytes=max_blob_mb * 2**20))
+    rpc_listener, blob_listener = _listeners(host, port, blob_port)
+    try:
+        node = Node(NodeConfig(data_dir=data_dir, block_time=block_time,
+                               seal_on_pending=seal_on_pending,
+                               max_blob_bytes=max_blob_mb * 2**20))
+    except DataDirError as exc:
+        rpc_listener.close()
+        blob_listener.close()
+        _fail(str(exc))
     typer.echo(f"chain id {CHAIN_ID}, head #{node.head().block_number}, data dir {data_dir}")
     typer.echo(f"market contract {to_checksum_address(MARKET_ADDRESS)}")
     from chain.devnet import dev_accounts
@@ -56,36 +66,62 @@ def up(
     typer.echo("dev accounts (public test mnemonic, see `chain accounts --keys`):")
     for i, account in enumerate(dev_accounts(5)):
         typer.echo(f"  {i} {account.address}")
-    blobs = _blob_server(node.blobs, host, port, blob_port, blob_cache_mb << 20)
-    typer.echo(f"JSON-RPC http://{host}:{port}/  blobs http://{host}:{blobs.port}/blobs "
+    blobs = BlobServer(node.blobs, recent_bytes=blob_cache_mb << 20, listener=blob_listener)
+    rpc_port = rpc_listener.getsockname()[1]
+    typer.echo(f"JSON-RPC http://{host}:{rpc_port}/  blobs http://{host}:{blobs.port}/blobs "
                f"(recent uploads cached: {blob_cache_mb} MiB)")
     app = create_app(node)
     app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level))
     node.start()
     blobs.start()
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level)
+        server.run(sockets=[rpc_listener])
     finally:
         blobs.close()
         node.stop()
 
 
-def _blob_server(store: BlobStore, host: str, port: int, blob_port: int | None,
-                 recent_bytes: int) -> BlobServer:
-    """The blob listener on `blob_port`, by default on `port` + 1 or else any free port."""
-    from chain.blobserver import BlobServer
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
 
+
+def _listeners(host: str, port: int, blob_port: int | None) -> tuple[socket.socket,
+                                                                      socket.socket]:
+    """The JSON-RPC and blob listeners, bound before the node touches its data dir, so that
+    a port in use stops the start before anything is opened. The blob port is by default
+    `port` + 1, or any free port if that one is taken."""
+    from chain.blobserver import listen
+
+    rpc = _listen(host, port, "port")
     if blob_port is not None:
-        return BlobServer(store, host, blob_port, recent_bytes)
+        try:
+            return rpc, _listen(host, blob_port, "blob port")
+        except typer.Exit:
+            rpc.close()
+            raise
     try:
-        return BlobServer(store, host, port + 1 if 0 < port < 65535 else 0, recent_bytes)
+        return rpc, listen(host, port + 1 if 0 < port < 65535 else 0)
     except OSError:
-        return BlobServer(store, host, 0, recent_bytes)
+        return rpc, listen(host, 0)
+
+
+def _listen(host: str, port: int, option: str) -> socket.socket:
+    """A socket listening on host:port, or a one-line error naming the `option`."""
+    from chain.blobserver import listen
+
+    try:
+        return listen(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            _fail(f"{option} {port} is in use on {host}: {exc.strerror}")
+        _fail(f"cannot listen on {host}:{port} ({option}): {exc.strerror}")
 
 
 @app.command()
 def accounts(
-    count: Annotated[int, typer.Option(help="How many to list.")] = DEV_ACCOUNT_COUNT,
+    count: Annotated[int, typer.Option(help="How many to list.", min=0)] = DEV_ACCOUNT_COUNT,
     keys: Annotated[bool, typer.Option(help="Also print private keys.")] = False,
 ) -> None:
     """Dev accounts from the public test mnemonic (local dev network only)."""
@@ -106,10 +142,13 @@ def verify(
     """Re-execute every stored block from genesis, re-running each Freivalds check."""
     from eth_utils import ValidationError
 
+    from chain.db import DataDirError
     from chain.replay import verify_data_dir
 
     try:
         head = verify_data_dir(data_dir)
+    except DataDirError as exc:
+        _fail(str(exc))
     except ValidationError as exc:
         typer.echo(f"INVALID: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -11,9 +11,13 @@ the table, so a cached value is the stored one.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 from os import PathLike
+from pathlib import Path
+from typing import TextIO
 
 import rlp
 from eth.abc import BlockAPI, BlockHeaderAPI
@@ -28,8 +32,39 @@ from rlp.sedes import big_endian_int, binary
 from chain.tries import encode_node
 
 _DELETED = None
+DATABASE_FILE = "chain.sqlite"
+LOCK_FILE = "LOCK"  # held (flock) by the node using the data dir; holds its pid
 CACHE_ENTRIES = 1 << 17  # trie nodes are ~100-600 bytes: tens of MB at most
 HEADER_CACHE_ENTRIES = 512
+
+
+class DataDirError(RuntimeError):
+    """A data directory that cannot be used; the message names it and says why."""
+
+
+def lock_data_dir(data_dir: Path) -> TextIO:
+    """Create `data_dir` if needed and lock it for this process until the returned file is
+    closed (or the process ends): two nodes sealing blocks into one database would fork it.
+    A second locker fails at once, naming the holder's pid."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise DataDirError(f"data dir {data_dir} is not a directory")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(data_dir / LOCK_FILE, "a+")
+    except OSError as exc:
+        raise DataDirError(f"cannot use data dir {data_dir}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise DataDirError(f"data dir {data_dir} is in use by another chain node "
+                           f"(pid {holder})") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 class SqliteDB(BaseDB):

@@ -27,7 +27,7 @@ from eth.vm.forks.london.headers import calculate_expected_base_fee_per_gas
 from chain.admission import BatchDecoder, TxRejected, decode_all, decode_transaction
 from chain.blobs import BlobStore
 from chain.consensus import verified_work, work_seal
-from chain.db import SqliteDB
+from chain.db import DATABASE_FILE, SqliteDB, lock_data_dir
 from chain.genesis import genesis_params, genesis_state
 from chain.params import REWARD_POOL_ADDRESS
 from chain.timeline import mark
@@ -100,13 +100,14 @@ class Mempool:
 
 
 class Node:
-    """A single block-producing node over a data directory."""
+    """A single block-producing node over a data directory, which it locks until ``stop``
+    (``chain.db.DataDirError`` if another node holds it)."""
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._data_dir_lock = lock_data_dir(config.data_dir)
         self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes)
-        self.db = SqliteDB(config.data_dir / "chain.sqlite")
+        self.db = SqliteDB(config.data_dir / DATABASE_FILE)
         chain_class = build_chain_class(self.blobs, fast=config.fast_execution)
         base_db = AtomicDB(self.db)
         try:
@@ -364,3 +365,4 @@ class Node:
         if self.decoder is not None:
             self.decoder.close()
         self.db.close()
+        self._data_dir_lock.close()

@@ -11,10 +11,11 @@ from pathlib import Path
 from eth.abc import ChainAPI
 from eth.db.atomic import AtomicDB
 from eth.db.chain import ChainDB
+from eth.exceptions import CanonicalHeadNotFound
 from eth_utils import ValidationError
 
 from chain.blobs import BlobStore
-from chain.db import SqliteDB
+from chain.db import DATABASE_FILE, DataDirError, SqliteDB
 from chain.genesis import genesis_params, genesis_state
 from chain.vm import build_chain_class
 
@@ -33,11 +34,18 @@ def replay(source: ChainAPI, store: BlobStore, upto: int | None = None) -> int:
 
 
 def verify_data_dir(data_dir: Path) -> int:
-    """Replay a node's data directory (read only) against its own blob store."""
-    db = SqliteDB(data_dir / "chain.sqlite")
+    """Replay a node's data directory (read only) against its own blob store; a directory
+    that holds no chain is a ``DataDirError`` (and nothing is created in it)."""
+    path = data_dir / DATABASE_FILE
+    if not path.is_file():
+        raise DataDirError(f"{data_dir} is not a chain data dir (no {DATABASE_FILE} in it)")
+    db = SqliteDB(path)
     try:
         base = AtomicDB(db)
-        ChainDB(base).get_canonical_head()
+        try:
+            ChainDB(base).get_canonical_head()
+        except CanonicalHeadNotFound:
+            raise DataDirError(f"{path} holds no chain (no canonical head)") from None
         source = build_chain_class(BlobStore(data_dir / "blobs"))(base)
         return replay(source, BlobStore(data_dir / "blobs"))
     finally:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import itertools
 import json
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -13,7 +15,7 @@ from urllib.parse import parse_qs
 import anyio
 import rlp
 from eth._utils.address import generate_contract_address
-from eth.exceptions import Revert, TransactionNotFound
+from eth.exceptions import HeaderNotFound, Revert, TransactionNotFound
 from eth.vm.spoof import SpoofTransaction
 from eth_abi import decode as abi_decode
 from eth_utils import to_checksum_address
@@ -29,6 +31,7 @@ from chain.timeline import mark
 CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
 REVERT_SELECTOR = bytes.fromhex("08c379a0")
 FILTER_TTL = 300.0
+UINT256_LIMIT = 2**256  # quantities (values, slots, block numbers) are below it
 
 
 class RpcError(Exception):
@@ -37,8 +40,29 @@ class RpcError(Exception):
         self.code, self.message, self.data = code, message, data
 
 
+class UnknownBlock(RpcError):
+    """A well-formed block number or hash this node has no canonical block for."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(-32000, message)
+
+
 def invalid_params(message: str) -> RpcError:
     return RpcError(-32602, f"invalid params: {message}")
+
+
+def arity_problem(name: str, method: Callable, params: list) -> str | None:
+    """What is wrong with the number of `params` of the JSON-RPC method `name`, naming a
+    missing parameter (Python's own TypeError names the server's functions); None if their
+    number fits."""
+    accepted = inspect.signature(method).parameters.values()
+    positional = [p for p in accepted if p.kind is p.POSITIONAL_OR_KEYWORD]
+    missing = [p.name for p in positional[len(params):] if p.default is p.empty]
+    if missing:
+        return f"{name} is missing parameter {len(params) + 1} ({missing[0]})"
+    if len(params) > len(positional) and all(p.kind is not p.VAR_POSITIONAL for p in accepted):
+        return f"{name} takes at most {len(positional)} parameters, got {len(params)}"
+    return None
 
 
 def q(value: int) -> str:
@@ -62,25 +86,73 @@ def checksummed(address: bytes) -> str:
 
 def parse_quantity(value, name: str) -> int:
     try:
-        return int(value, 16) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError) as exc:
+        number = int(value, 16) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise invalid_params(f"{name} must be a hex quantity, got {value!r}") from exc
+    if not 0 <= number < UINT256_LIMIT:
+        raise invalid_params(f"{name} must be between 0 and 2**256-1, got {value!r}")
+    return number
 
 
-def parse_data(value, name: str) -> bytes:
+def parse_data(value, name: str, size: int | None = None) -> bytes:
+    """0x-prefixed hex data; of exactly `size` bytes where given."""
     if not isinstance(value, str) or not value.startswith("0x"):
         raise invalid_params(f"{name} must be 0x-prefixed hex data")
     try:
-        return bytes.fromhex(value[2:])
+        raw = bytes.fromhex(value[2:])
     except ValueError as exc:
-        raise invalid_params(f"{name} is not valid hex") from exc
+        raise invalid_params(f"{name} is not hex") from exc
+    if size is not None and len(raw) != size:
+        raise invalid_params(f"{name} must be {size} bytes")
+    return raw
 
 
 def parse_address(value, name: str = "address") -> bytes:
-    raw = parse_data(value, name)
-    if len(raw) != 20:
-        raise invalid_params(f"{name} must be 20 bytes")
-    return raw
+    return parse_data(value, name, 20)
+
+
+def parse_hash(value, name: str) -> bytes:
+    return parse_data(value, name, 32)
+
+
+def parse_log_filter(criteria) -> tuple[set[str] | None, list[set[str] | None]]:
+    """The addresses (None: any) and the topic sets by position (None: any) a log filter
+    asks for, as lower-case hex; a malformed filter is invalid params naming the field."""
+    if not isinstance(criteria, dict):
+        raise invalid_params("filter must be an object")
+    addresses = criteria.get("address")
+    if isinstance(addresses, str):
+        addresses = [addresses]
+    if not isinstance(addresses, list | None):
+        raise invalid_params("address must be an address or an array of addresses")
+    wanted = {d(parse_address(a)) for a in addresses} if addresses else None
+    topics = criteria.get("topics") or []
+    if not isinstance(topics, list):
+        raise invalid_params("topics must be an array")
+    topic_sets = []
+    for i, topic in enumerate(topics):
+        name = f"topics[{i}]"
+        if topic is None:
+            topic_sets.append(None)
+        elif isinstance(topic, list):
+            topic_sets.append({d(parse_hash(t, name)) for t in topic})
+        else:
+            topic_sets.append({d(parse_hash(topic, name))})
+    return wanted, topic_sets
+
+
+def parse_percentiles(value) -> list[float]:
+    """eth_feeHistory's reward percentiles: numbers from 0 to 100, non-decreasing."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+            isinstance(p, int | float) and not isinstance(p, bool) for p in value):
+        raise invalid_params("rewardPercentiles must be an array of numbers")
+    if not all(0 <= p <= 100 for p in value):
+        raise invalid_params(f"rewardPercentiles must be between 0 and 100, got {value}")
+    if any(later < earlier for earlier, later in itertools.pairwise(value)):
+        raise invalid_params(f"rewardPercentiles must be non-decreasing, got {value}")
+    return value
 
 
 def revert_error(output: bytes) -> RpcError:
@@ -205,7 +277,8 @@ class Rpc:
         except RpcError as exc:
             return self._error(rid, exc)
         except TypeError as exc:
-            return self._error(rid, invalid_params(str(exc)))
+            problem = arity_problem(request["method"], method, params)
+            return self._error(rid, invalid_params(problem or str(exc)))
         except TxRejected as exc:
             return self._error(rid, RpcError(-32000, str(exc)))
         except Exception as exc:  # a bug must not kill the server: report it to the caller
@@ -223,10 +296,16 @@ class Rpc:
 
     # --- helpers -------------------------------------------------------------------------------
     def header_at(self, tag="latest"):
+        """The header a block parameter names (a tag, a number, or EIP-1898's object);
+        UnknownBlock if this node has no such block."""
         chain = self.node.chain
         if isinstance(tag, dict):
             if "blockHash" in tag:
-                return chain.get_block_header_by_hash(parse_data(tag["blockHash"], "blockHash"))
+                block_hash = parse_hash(tag["blockHash"], "blockHash")
+                try:
+                    return chain.get_block_header_by_hash(block_hash)
+                except HeaderNotFound:
+                    raise UnknownBlock(f"block {d(block_hash)} not found") from None
             tag = tag.get("blockNumber", "latest")
         if tag in ("latest", "pending", "safe", "finalized", None):
             return self.node.head()
@@ -234,8 +313,8 @@ class Rpc:
             return chain.get_canonical_block_header_by_number(0)
         number = parse_quantity(tag, "block")
         if number > self.node.head().block_number:
-            raise RpcError(-32000, f"block {number} not found (head is "
-                                   f"{self.node.head().block_number})")
+            raise UnknownBlock(f"block {number} not found (head is "
+                               f"{self.node.head().block_number})")
         return chain.get_canonical_block_header_by_number(number)
 
     def _spoof(self, call: dict, state, gas_cap: int):
@@ -246,6 +325,8 @@ class Rpc:
         data = parse_data(call.get("data", call.get("input", "0x")), "data")
         gas = parse_quantity(call["gas"], "gas") if call.get("gas") else gas_cap
         value = parse_quantity(call.get("value", "0x0"), "value")
+        if value > state.get_balance(sender):  # geth's words, which web3 reports as such
+            raise RpcError(-32000, "insufficient funds for transfer")
         vm = self.node.chain.get_vm(self.node.head())
         tx = vm.create_unsigned_transaction(
             nonce=state.get_nonce(sender), gas_price=0, gas=min(gas, gas_cap), to=to,
@@ -317,14 +398,9 @@ class Rpc:
             return None
         return self.blocks.get(number), index
 
-    def _matching_logs(self, criteria: dict, first: int, last: int) -> list[dict]:
-        addresses = criteria.get("address")
-        if isinstance(addresses, str):
-            addresses = [addresses]
-        wanted = {a.lower() for a in addresses} if addresses else None
-        topics = criteria.get("topics") or []
-        topic_sets = [None if t is None else {x.lower() for x in ([t] if isinstance(t, str) else t)}
-                      for t in topics]
+    def _matching_logs(self, wanted: set[str] | None, topic_sets: list[set[str] | None],
+                       first: int, last: int) -> list[dict]:
+        """The logs of blocks first..last that ``parse_log_filter``'s sets match."""
         out = []
         for number in range(first, last + 1):
             for entry in self.blocks.get(number)[2]:
@@ -368,29 +444,29 @@ class Rpc:
     def rpc_eth__blockNumber(self):
         return q(self.node.head().block_number)
 
-    def rpc_eth__getBalance(self, address, tag="latest"):
-        return q(self.node.state_at(self.header_at(tag)).get_balance(parse_address(address)))
+    def rpc_eth__getBalance(self, address, block="latest"):
+        return q(self.node.state_at(self.header_at(block)).get_balance(parse_address(address)))
 
-    def rpc_eth__getTransactionCount(self, address, tag="latest"):
+    def rpc_eth__getTransactionCount(self, address, block="latest"):
         account = parse_address(address)
-        if tag == "pending":
+        if block == "pending":
             return q(self.node.pending_nonce(account))
-        return q(self.node.state_at(self.header_at(tag)).get_nonce(account))
+        return q(self.node.state_at(self.header_at(block)).get_nonce(account))
 
-    def rpc_eth__getCode(self, address, tag="latest"):
-        return d(self.node.state_at(self.header_at(tag)).get_code(parse_address(address)))
+    def rpc_eth__getCode(self, address, block="latest"):
+        return d(self.node.state_at(self.header_at(block)).get_code(parse_address(address)))
 
-    def rpc_eth__getStorageAt(self, address, slot, tag="latest"):
-        value = self.node.state_at(self.header_at(tag)).get_storage(
+    def rpc_eth__getStorageAt(self, address, slot, block="latest"):
+        value = self.node.state_at(self.header_at(block)).get_storage(
             parse_address(address), parse_quantity(slot, "slot"))
         return d(value.to_bytes(32, "big"))
 
-    def rpc_eth__call(self, call, tag="latest", *_overrides):
-        return d(self._execute(call, tag)[1].output)
+    def rpc_eth__call(self, call, block="latest", *_overrides):
+        return d(self._execute(call, block)[1].output)
 
-    def rpc_eth__estimateGas(self, call, tag="latest", *_overrides):
-        header = self.header_at(tag)
-        tx, computation = self._execute({**call, "gas": None}, tag)
+    def rpc_eth__estimateGas(self, call, block="latest", *_overrides):
+        header = self.header_at(block)
+        tx, computation = self._execute({**call, "gas": None}, block)
         used = tx.gas - computation.get_gas_remaining()
         # a call forwards at most 63/64 of its gas: leave room for the callee's share
         return q(min(header.gas_limit, used + used // 63 + 2_300))
@@ -401,9 +477,10 @@ class Rpc:
     def rpc_eth__maxPriorityFeePerGas(self):
         return q(PRIORITY_FEE)
 
-    def rpc_eth__feeHistory(self, count, newest="latest", percentiles=None):
-        count = min(parse_quantity(count, "blockCount"), 1024)
-        last = self.header_at(newest).block_number
+    def rpc_eth__feeHistory(self, block_count, newest_block="latest", reward_percentiles=None):
+        count = min(parse_quantity(block_count, "blockCount"), 1024)
+        percentiles = parse_percentiles(reward_percentiles)
+        last = self.header_at(newest_block).block_number
         first = max(0, last - count + 1)
         base_fees, ratios, rewards = [], [], []
         for number in range(first, last + 1):
@@ -414,7 +491,7 @@ class Rpc:
                               tx.max_fee_per_gas - block.header.base_fee_per_gas)
                           for tx in block.transactions)
             rewards.append([q(tips[min(len(tips) - 1, int(len(tips) * p / 100))] if tips else 0)
-                            for p in (percentiles or [])])
+                            for p in percentiles])
         base_fees.append(q(self.node.next_base_fee() if last == self.node.head().block_number
                            else self.blocks.get(last + 1)[0].header.base_fee_per_gas))
         result = {"oldestBlock": q(first), "baseFeePerGas": base_fees, "gasUsedRatio": ratios}
@@ -422,11 +499,11 @@ class Rpc:
             result["reward"] = rewards
         return result
 
-    def rpc_eth__sendRawTransaction(self, raw):
-        return d(self.node.admit(parse_data(raw, "transaction")))
+    def rpc_eth__sendRawTransaction(self, transaction):
+        return d(self.node.admit(parse_data(transaction, "transaction")))
 
     def rpc_eth__getTransactionByHash(self, tx_hash):
-        tx_hash = parse_data(tx_hash, "hash")
+        tx_hash = parse_hash(tx_hash, "hash")
         pending = self.node.mempool.by_hash.get(tx_hash)
         if pending is not None:
             return self._tx_json(pending)
@@ -437,7 +514,7 @@ class Rpc:
         return self._tx_json(block.transactions[index], block, index)
 
     def rpc_eth__getTransactionReceipt(self, tx_hash):
-        found = self._locate(parse_data(tx_hash, "hash"))
+        found = self._locate(parse_hash(tx_hash, "hash"))
         return None if found is None else self._receipt_json(*found)
 
     def recent_receipt(self, tx_hash: bytes) -> dict | None:
@@ -479,33 +556,34 @@ class Rpc:
             "status": q(receipt.state_root == b"\x01"), "type": q(tx.type_id or 0),
         }
 
-    def rpc_eth__getBlockByNumber(self, tag, full=False):
+    def rpc_eth__getBlockByNumber(self, block, full=False):
         try:
-            number = self.header_at(tag).block_number
-        except RpcError:
+            number = self.header_at(block).block_number
+        except UnknownBlock:
             return None
         return self._block_json(self.blocks.get(number)[0], bool(full))
 
     def rpc_eth__getBlockByHash(self, block_hash, full=False):
         try:
             header = self.header_at({"blockHash": block_hash})
-        except Exception:
+        except UnknownBlock:
             return None
         if self.node.chain.get_canonical_block_hash(header.block_number) != header.hash:
             return None
         return self._block_json(self.blocks.get(header.block_number)[0], bool(full))
 
-    def rpc_eth__getLogs(self, criteria):
-        return self._matching_logs(criteria, *self._log_range(criteria))
+    def rpc_eth__getLogs(self, log_filter):
+        matched = parse_log_filter(log_filter)
+        return self._matching_logs(*matched, *self._log_range(log_filter))
 
-    def rpc_eth__newFilter(self, criteria):
-        if not isinstance(criteria, dict):
-            raise invalid_params("filter must be an object")
-        first, _ = self._log_range({**criteria, "toBlock": "latest"})
-        if criteria.get("fromBlock") in (None, "latest", "pending"):
+    def rpc_eth__newFilter(self, log_filter):
+        matched = parse_log_filter(log_filter)
+        first, _ = self._log_range({**log_filter, "toBlock": "latest"})
+        if log_filter.get("fromBlock") in (None, "latest", "pending"):
             first = self.node.head().block_number + 1  # only logs of blocks still to come
         fid = q(next(self.filter_ids))
-        self._install(fid, {"kind": "logs", "criteria": criteria, "next": first})
+        self._install(fid, {"kind": "logs", "criteria": log_filter, "matched": matched,
+                            "next": first})
         return fid
 
     def _install(self, fid: str, spec: dict) -> None:
@@ -520,10 +598,10 @@ class Rpc:
         self._install(fid, {"kind": "blocks", "next": self.node.head().block_number + 1})
         return fid
 
-    def rpc_eth__getFilterChanges(self, fid):
-        f = self.filters.get(fid)
+    def rpc_eth__getFilterChanges(self, filter_id):
+        f = self.filters.get(filter_id)
         if f is None:
-            raise RpcError(-32000, f"filter {fid} not found")
+            raise RpcError(-32000, f"filter {filter_id} not found")
         f["polled"] = time.monotonic()
         head = self.node.head().block_number
         first, f["next"] = f["next"], head + 1
@@ -532,20 +610,22 @@ class Rpc:
         last = head
         if f["criteria"].get("toBlock") not in (None, "latest", "pending"):
             last = min(head, parse_quantity(f["criteria"]["toBlock"], "toBlock"))
-        return self._matching_logs(f["criteria"], first, last)
+        return self._matching_logs(*f["matched"], first, last)
 
-    def rpc_eth__getFilterLogs(self, fid):
-        f = self.filters.get(fid)
+    def rpc_eth__getFilterLogs(self, filter_id):
+        f = self.filters.get(filter_id)
         if f is None or f["kind"] != "logs":
-            raise RpcError(-32000, f"filter {fid} not found")
+            raise RpcError(-32000, f"filter {filter_id} not found")
         return self.rpc_eth__getLogs(f["criteria"])
 
-    def rpc_eth__uninstallFilter(self, fid):
-        return self.filters.pop(fid, None) is not None
+    def rpc_eth__uninstallFilter(self, filter_id):
+        return self.filters.pop(filter_id, None) is not None
 
 
 MAX_RPC_BODY = 64 * 2**20
 MAX_WAIT_TXS = 64  # transactions one long poll may wait for
+MAX_WAIT_S = 60.0
+ANSWERED = object()  # what _json_body gives once it answered the request (JSON null is None)
 
 
 class NodeApp:
@@ -585,7 +665,7 @@ class NodeApp:
 
     @staticmethod
     async def _json_body(receive, send):
-        """The request's body parsed as JSON; None once an error is answered (413 over
+        """The request's body parsed as JSON; ANSWERED once an error is answered (413 over
         MAX_RPC_BODY, JSON-RPC's parse error if it is not JSON)."""
         body = bytearray()
         while True:
@@ -593,7 +673,7 @@ class NodeApp:
             body += message.get("body", b"")
             if len(body) > MAX_RPC_BODY:
                 await json_reply(send, 413, {"error": f"request body over {MAX_RPC_BODY} bytes"})
-                return None
+                return ANSWERED
             if not message.get("more_body"):
                 break
         try:
@@ -601,11 +681,11 @@ class NodeApp:
         except ValueError:
             await json_reply(send, 200, Rpc._error(None, RpcError(-32700, "parse error: body is "
                                                                      "not JSON")))
-            return None
+            return ANSWERED
 
     async def json_rpc(self, receive, send) -> None:
         payload = await self._json_body(receive, send)
-        if payload is None:
+        if payload is ANSWERED:
             return
         method = payload.get("method") if isinstance(payload, dict) else "batch"
         mark(f"rpc in {method}")
@@ -630,8 +710,14 @@ class NodeApp:
         each transaction a client sends and waits for."""
         raw = await self._json_body(receive, send)
         mark("rpc in send_and_wait")
-        if raw is not None:
-            await self.wait(scope, send, raw=raw)
+        if raw is ANSWERED:
+            return
+        if not isinstance(raw, str):
+            got = json.dumps(raw)[:64]
+            await json_reply(send, 400, {"error": "the body must be a raw transaction as a JSON "
+                                                  f"string (\"0x...\"), not {got}"})
+            return
+        await self.wait(scope, send, raw=raw)
 
     async def wait(self, scope, send, raw=None) -> None:
         """Long poll: answers once block `block` is sealed, or once transaction `tx` left the
@@ -646,15 +732,13 @@ class NodeApp:
         query = parse_qs(scope["query_string"].decode("latin-1"))
         try:
             block = int(query.get("block", ["0"])[-1])
-            timeout = min(max(float(query.get("timeout", ["10"])[-1]), 0.0), 60.0)
-            tx_hashes = []
+            timeout = float(query.get("timeout", ["10"])[-1])
+            if not math.isfinite(timeout):
+                raise invalid_params(f"timeout must be a finite number of seconds, got {timeout}")
+            timeout = min(max(timeout, 0.0), MAX_WAIT_S)
             if len(query.get("tx", [])) + (raw is not None) > MAX_WAIT_TXS:
                 raise invalid_params(f"more than {MAX_WAIT_TXS} tx")
-            for value in query.get("tx", []):
-                try:
-                    tx_hashes.append(bytes.fromhex(value.removeprefix("0x")))
-                except ValueError:
-                    raise invalid_params(f"tx {value!r} is not hex") from None
+            tx_hashes = [parse_hash(value, "tx") for value in query.get("tx", [])]
             logs = query["logs"][-1] if "logs" in query else None
             if logs is not None:
                 parse_address(logs, "logs")

@@ -48,6 +48,7 @@ from eth_hash.auto import keccak
 from eth_typing import Address, Hash32
 from rlp.sedes.serializable import BaseSerializable
 
+from chain.admission import validate_fee_caps
 from chain.blobs import BlobStore
 from chain.consensus import PoUWConsensus, block_rewards, may_hold_work, verified_work
 from chain.db import NodeChainDB
@@ -61,6 +62,15 @@ from chain.tries import encode_header, trie_root_and_nodes
 # persists blocks; the one-pass builder gives the same roots (tests/test_chain_tries.py).
 eth.vm.base.make_trie_root_and_nodes = trie_root_and_nodes
 eth.db.chain.make_trie_root_and_nodes = trie_root_and_nodes
+
+
+class PoUWState(PragueState):
+    """Prague's state, with the transaction rule of EIP-1559 that py-evm leaves out: a block
+    including a transaction that breaks it is invalid."""
+
+    def validate_transaction(self, transaction: SignedTransactionAPI) -> None:
+        validate_fee_caps(transaction)
+        super().validate_transaction(transaction)
 
 
 class PoUWBlock(PragueBlock):
@@ -315,7 +325,7 @@ def build_chain_class(store: BlobStore, fast: bool = True) -> type[Chain]:
         {"_precompiles": {**PragueComputation.get_precompiles(),
                           FREIVALDS_ADDRESS: make_freivalds_precompile(store)}},
     )
-    state = type("PoUWState", (PragueState,), {
+    state = type("PoUWState", (PoUWState,), {
         "computation_class": computation,
         "account_db_class": FlatAccountDB if fast else PragueState.account_db_class,
         "transaction_executor_class": (PoUWTransactionExecutor if fast
