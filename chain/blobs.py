@@ -33,6 +33,7 @@ DTYPES: dict[int, np.dtype] = {
 }
 DTYPE_CODES = {dt: code for code, dt in DTYPES.items()}
 MAX_NDIM = 8
+DEFAULT_MAX_BLOB_BYTES = 256 << 20  # a node's limit unless `chain up --max-blob-mb` says
 PIPELINE_BYTES = 1 << 20  # an upload is hashed and written in steps of this size, on threads
 WRITE_DEPTH = 2  # ... this many steps of one upload written at once, each at its own offset
 BACKLOG_BYTES = 16 << 20  # received but not yet hashed and written, at most (memory bound)

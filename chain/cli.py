@@ -10,6 +10,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from chain.blobs import DEFAULT_MAX_BLOB_BYTES
 from chain.params import CHAIN_ID, DEV_ACCOUNT_BALANCE, DEV_ACCOUNT_COUNT, MARKET_ADDRESS
 
 app = typer.Typer(help="needle-net proof-of-useful-work chain (py-evm).", no_args_is_help=True)
@@ -31,7 +32,8 @@ def up(
         min=0)] = 1.0,
     seal_on_pending: Annotated[bool, typer.Option(
         help="Seal as soon as transactions are pending.")] = True,
-    max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.", min=1)] = 256,
+    max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.", min=1)] = (
+        DEFAULT_MAX_BLOB_BYTES >> 20),
     blob_cache_mb: Annotated[int, typer.Option(
         help="Memory for the latest large uploads, whose downloads (workers fetching the "
              "operands just uploaded) are then sent without a disk read, MiB; 0: off.",

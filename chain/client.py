@@ -22,7 +22,7 @@ from web3.datastructures import AttributeDict
 from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCError
 
 from chain.blobhttp import BlobClient
-from chain.blobs import decode_array, parse_id
+from chain.blobs import DEFAULT_MAX_BLOB_BYTES, decode_array, parse_id
 from chain.keepalive import Connections
 from chain.timeline import mark
 
@@ -80,7 +80,7 @@ class ChainClient:
     """Talk to one chain node: JSON-RPC at ``rpc_url``, blobs at ``rpc_url/blobs``."""
 
     def __init__(self, rpc_url: str, private_key: str | bytes | None = None,
-                 timeout: float = 60.0, max_blob_bytes: int = 1 << 30) -> None:
+                 timeout: float = 60.0, max_blob_bytes: int | None = None) -> None:
         self.url = rpc_url.rstrip("/")
         self.http = httpx.Client(timeout=timeout)
         self.info = self.http.get(f"{self.url}/info").raise_for_status().json()
@@ -93,8 +93,11 @@ class ChainClient:
         self._key = coincurve.PrivateKey(self.account.key) if self.account else None
         # the blob listener's port may not be reachable from here (a compose network
         # publishes only the RPC port): /blobs on the RPC port then serves the same store
+        # None: the node's own limit, which it advertises (older nodes: the default one)
+        self.max_blob_bytes = max_blob_bytes or self.info.get("max_blob_bytes",
+                                                              DEFAULT_MAX_BLOB_BYTES)
         self.blobs = BlobClient(self.info.get("blob_url", f"{self.url}/blobs"),
-                                max_blob_bytes, timeout, fallback_url=f"{self.url}/blobs")
+                                self.max_blob_bytes, timeout, fallback_url=f"{self.url}/blobs")
         self.timeout = timeout
         self._nonce: int | None = None
         self._fee: tuple[float, int] | None = None

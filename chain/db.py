@@ -11,8 +11,6 @@ the table, so a cached value is the stored one.
 """
 from __future__ import annotations
 
-import fcntl
-import os
 import sqlite3
 import threading
 from os import PathLike
@@ -29,6 +27,7 @@ from eth_typing import Hash32
 from lru import LRU
 from rlp.sedes import big_endian_int, binary
 
+from chain.dirlock import DirLocked, lock_dir
 from chain.tries import encode_node
 
 _DELETED = None
@@ -50,21 +49,12 @@ def lock_data_dir(data_dir: Path) -> TextIO:
         raise DataDirError(f"data dir {data_dir} is not a directory")
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(data_dir / LOCK_FILE, "a+")
+        return lock_dir(data_dir, LOCK_FILE)
+    except DirLocked as exc:
+        raise DataDirError(f"data dir {data_dir} is in use by another chain node "
+                           f"(pid {exc.holder})") from None
     except OSError as exc:
         raise DataDirError(f"cannot use data dir {data_dir}: {exc.strerror}") from exc
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "unknown"
-        lock.close()
-        raise DataDirError(f"data dir {data_dir} is in use by another chain node "
-                           f"(pid {holder})") from None
-    lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    return lock
 
 
 class SqliteDB(BaseDB):

@@ -25,7 +25,7 @@ from eth.exceptions import CanonicalHeadNotFound
 from eth.vm.forks.london.headers import calculate_expected_base_fee_per_gas
 
 from chain.admission import BatchDecoder, TxRejected, decode_all, decode_transaction
-from chain.blobs import BlobStore
+from chain.blobs import DEFAULT_MAX_BLOB_BYTES, BlobStore
 from chain.consensus import verified_work, work_seal
 from chain.db import DATABASE_FILE, SqliteDB, lock_data_dir
 from chain.genesis import genesis_params, genesis_state
@@ -55,7 +55,7 @@ class NodeConfig:
     gather_s: float = 0.25
     quiet_s: float = 0.02
     gather_min_txs: int = 2
-    max_blob_bytes: int = 256 * 2**20
+    max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
     # chain.interpreter's opcode loop and per-block storage tries; False: stock py-evm
     # (same blocks, see tests/test_chain_fast_evm.py; bench/chain_tps.py compares the two)
     fast_execution: bool = True

@@ -838,6 +838,7 @@ def create_app(node: Node) -> NodeApp:
             "precompile": to_checksum_address(FREIVALDS_ADDRESS),
             "head": node.head().block_number,
             "send_and_wait": True,  # POST /wait
+            "max_blob_bytes": node.config.max_blob_bytes,
         }
 
     return NodeApp(node, rpc, app)

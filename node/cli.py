@@ -2,29 +2,48 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 import signal
-import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from chain.cli import app as chain_app
 from node import keys
+
+if TYPE_CHECKING:
+    from node.market import Job, Market
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
 ETHER = 10**18
 MAX_DEADLINE_BLOCKS = 100_000  # ComputeMarket.MAX_TIMEOUT_BLOCKS
 TRANSFER_GAS = 21_000
 
+
+class _ErrorLines(TyperGroup):
+    """Ends every command (`chain` ones too) that hits a user's mistake or an unreachable
+    node with one `error:` line instead of a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as err:
+            message = _user_error(err)
+            if message is None:
+                raise
+            _fail(message)
+
+
 app = typer.Typer(
-    name="needle-net", no_args_is_help=True, rich_markup_mode="rich",
+    name="needle-net", no_args_is_help=True, rich_markup_mode="rich", cls=_ErrorLines,
     help="needle-net: verified remote matmuls on a proof-of-useful-work chain.",
 )
 devnet_app = typer.Typer(no_args_is_help=True, help="A local dev network (chain + workers).")
@@ -55,9 +74,99 @@ def _exit_on_signal(*_) -> None:
     raise SystemExit(0)
 
 
-def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(1)
+def _fail(message: str, code: int = 1) -> None:
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _user_error(err: Exception) -> str | None:
+    """The one-line message for an error that is the user's or the network's, not a bug:
+    a keystore that does not open, a node that cannot be reached or refuses, a revert."""
+    import httpx
+    from web3.exceptions import Web3RPCError
+
+    from node.devnet import DevnetError
+    from node.market import TxReverted, is_transient
+
+    if isinstance(err, keys.KeystoreError | DevnetError):
+        return str(err)
+    if isinstance(err, TxReverted):
+        return _revert_reason(err)
+    if isinstance(err, httpx.HTTPStatusError):
+        return (f"{err.request.url} answered HTTP {err.response.status_code}: not a needle-net "
+                "chain node?")
+    if isinstance(err, httpx.InvalidURL | httpx.UnsupportedProtocol):
+        return f"not a chain node URL: {err}"
+    if is_transient(err):
+        where = f" at {err.request.url}" if isinstance(err, httpx.RequestError) else ""
+        return f"cannot reach the chain node{where}: {err}"
+    if isinstance(err, Web3RPCError):
+        answer = err.rpc_response.get("error", {}) if isinstance(err.rpc_response, dict) else {}
+        return f"the chain node refused: {answer.get('message', err)}"
+    return None
+
+
+def _revert_reason(err: Exception) -> str:
+    """The contract's own reason for a revert (`stake below minStake`), without the raw
+    revert data web3 attaches."""
+    from web3.exceptions import ContractLogicError
+
+    cause = err.__cause__
+    if isinstance(cause, ContractLogicError) and cause.message:
+        return cause.message.removeprefix("execution reverted: ")
+    return str(err)
+
+
+def _wei(amount: float, what: str, allow_zero: bool = False) -> int:
+    """ETH as wei, refusing NaN, infinity and amounts the chain cannot take."""
+    wei = int(round(amount * ETHER)) if math.isfinite(amount) else -1
+    if wei < 0 or (wei == 0 and not allow_zero):
+        _fail(f"{what} must be {'zero or more' if allow_zero else 'positive'} (ETH, finite), "
+              f"got {amount}")
+    return wei
+
+
+def _address(text: str) -> str:
+    """A checksummed address, refusing malformed ones and mixed case with a bad checksum."""
+    from web3 import Web3
+
+    digits = text.removeprefix("0x")
+    mixed_case = digits != digits.lower() and digits != digits.upper()
+    if not Web3.is_address(text) or (mixed_case and not Web3.is_checksum_address(text)):
+        _fail(f"{text!r} is not an address: 0x and 40 hex digits, and if mixed-case, with a "
+              "valid checksum")
+    return Web3.to_checksum_address(text)
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse an output file that cannot be written before any fee is spent on its result."""
+    if path.is_dir():
+        _fail(f"output {path} is a directory, not a file")
+    if not path.parent.is_dir():
+        _fail(f"output {path}: directory {path.parent} does not exist")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        _fail(f"output {path} is not writable")
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    """Write `array` as .npy to exactly `path` (`np.save` given a name would add `.npy`)."""
+    try:
+        with path.open("wb") as f:
+            np.save(f, array)
+    except OSError as err:
+        _fail(f"cannot write {path}: {err}")
+
+
+def _load_operand(path: Path) -> np.ndarray:
+    """An operand from a .npy file; never unpickled (a file is data, not code)."""
+    try:
+        with path.open("rb") as f:
+            if f.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
+                _fail(f"{path} is not a .npy array file (numpy.save writes one)")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        _fail(f"cannot read operand {path}: {err}")
 
 
 @devnet_app.command("up")
@@ -90,9 +199,7 @@ def devnet_up(
         console.print(table)
         console.print(f"logs in {data_dir}; Ctrl-C to stop")
         try:
-            while all(p.poll() is None for p in [net.chain, *(w.process for w in net.workers)]):
-                time.sleep(0.5)
-            console.print("[red]a devnet process exited; stopping[/red]")
+            net.watch()  # DevnetError, one error line, once any process exits
         except KeyboardInterrupt:
             console.print("stopping")
 
@@ -107,7 +214,7 @@ def worker_up(
                      ] = 1.0,
     min_fee: Annotated[float, typer.Option(help="Ignore jobs paying less (ETH).")] = 0.0,
     max_flops: Annotated[float, typer.Option(help="Largest job accepted (FLOPs).")] = 2 * 4096**3,
-    max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.")] = 8,
+    max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.", min=1)] = 8,
     poll_interval: Annotated[float, typer.Option(
         help="Longest wait for a new block (the node pushes it) before polling anyway.")] = 1.0,
     api_host: Annotated[str, typer.Option(help="HTTP API address.")] = "127.0.0.1",
@@ -123,7 +230,7 @@ def worker_up(
 
     Example: [bold]NEEDLE_NET_PASSWORD=... needle-net worker up --api-port 8600[/bold]
     """
-    from node.worker import Worker, WorkerConfig
+    from node.worker import Worker, WorkerConfig, admin_token
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -131,8 +238,10 @@ def worker_up(
         account = keys.load_or_create(data_dir / "key.json", keys.read_password(password_file))
     except keys.KeystoreError as err:
         _fail(str(err))
-    token = (admin_token_file.read_text().strip() if admin_token_file
-             else os.environ.get("NEEDLE_NET_ADMIN_TOKEN"))
+    try:
+        token = admin_token(admin_token_file)
+    except ValueError as err:
+        _fail(str(err))
     config = WorkerConfig(
         rpc_url=rpc_url, data_dir=data_dir, stake_wei=int(stake * ETHER),
         min_fee_wei=int(min_fee * ETHER), max_flops=int(max_flops), max_in_flight=max_in_flight,
@@ -172,26 +281,98 @@ def submit(
 
     if not 1 <= deadline <= MAX_DEADLINE_BLOCKS:
         _fail(f"--deadline must be between 1 and {MAX_DEADLINE_BLOCKS} blocks, got {deadline}")
-    try:
-        a, b = np.load(a_path, allow_pickle=False), np.load(b_path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        _fail(f"cannot read operands: {err}")
-    client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=int(fee * ETHER),
+    if not (math.isfinite(timeout) and timeout > 0):
+        _fail(f"--timeout must be a positive number of seconds, got {timeout}")
+    fee_wei = _wei(fee, "--fee", allow_zero=True)
+    _check_writable(output)
+    a, b = _load_operand(a_path), _load_operand(b_path)
+    client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=fee_wei,
                        timeout=timeout, timeout_blocks=deadline, progress=True)
     try:
         c = client.matmul(a, b)
     except RemoteJobError as err:
         _fail(str(err))
+    except KeyboardInterrupt as err:
+        _fail(str(err) or "interrupted", code=130)
     finally:
         client.close()
-    np.save(output, c)
+    _save(output, c)
     console.print(f"wrote {output} {c.shape} {c.dtype}: verified on chain and by this client")
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[int, typer.Argument(help="The job to cancel.", min=0)],
+    rpc_url: RpcUrl = DEFAULT_RPC,
+    keystore: Keystore = None,
+    password_file: PasswordFile = None,
+) -> None:
+    """Cancel a job you submitted that no worker has taken yet; its fee is refunded.
+
+    Example: [bold]needle-net cancel 12 --keystore me.json[/bold]
+    """
+    from node.market import JOB_CLAIMED, JOB_OPEN, STATUS_NAMES, Market
+
+    market = Market(rpc_url, _account(keystore, password_file))
+    try:
+        job = _existing_job(market, job_id)
+        if job.submitter != market.address:
+            _fail(f"job {job_id} was submitted by {job.submitter}, not by {market.address}: "
+                  "only its submitter can cancel it")
+        if job.status != JOB_OPEN:
+            hint = (f"; it reopens for cancelling if its worker misses block {job.deadline}"
+                    if job.status == JOB_CLAIMED else "")
+            _fail(f"job {job_id} is {STATUS_NAMES[job.status]}: only an open job can be "
+                  f"cancelled{hint}")
+        market.send("cancel", job_id)
+    finally:
+        market.close()
+    console.print(f"cancelled job {job_id}: {job.fee_wei / ETHER:g} ETH refunded to "
+                  f"{job.submitter}")
+
+
+@app.command()
+def fetch(
+    job_id: Annotated[int, typer.Argument(help="A done job.", min=0)],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write C.")],
+    rpc_url: RpcUrl = DEFAULT_RPC,
+) -> None:
+    """Write the result of a done job, e.g. one whose `submit` timed out after a worker
+    took it (the blob store checks C against the id the chain verified).
+
+    Example: [bold]needle-net fetch 12 -o c.npy[/bold]
+    """
+    from chain.devnet import dev_account
+    from node.market import JOB_DONE, STATUS_NAMES, Market
+
+    _check_writable(output)
+    market = Market(rpc_url, dev_account(0))
+    try:
+        job = _existing_job(market, job_id)
+        if job.status != JOB_DONE:
+            _fail(f"job {job_id} is {STATUS_NAMES[job.status]}: only a done job has a "
+                  "verified result")
+        c = market.get_array(job.c_id)
+    finally:
+        market.close()
+    _save(output, c)
+    console.print(f"wrote {output} {c.shape} {c.dtype}: job {job_id}'s result, verified on "
+                  "chain")
+
+
+def _existing_job(market: Market, job_id: int) -> Job:
+    """The market's record of `job_id`, refusing an id it never gave out (the contract
+    would answer an empty record)."""
+    count = market.job_count()
+    if job_id >= count:
+        _fail(f"no job {job_id}: the market has {count} jobs so far")
+    return market.job(job_id)
 
 
 @app.command()
 def jobs(
     rpc_url: RpcUrl = DEFAULT_RPC,
-    limit: Annotated[int, typer.Option(help="How many of the latest jobs.")] = 20,
+    limit: Annotated[int, typer.Option(help="How many of the latest jobs.", min=0)] = 20,
 ) -> None:
     """List the latest jobs on the market.
 
@@ -225,9 +406,10 @@ def balance(
     """
     from node.market import Market
 
+    address = _address(address) if address else None
     account = _account(keystore, password_file)
     market = Market(rpc_url, account)
-    address = market.w3.to_checksum_address(address or account.address)
+    address = address or account.address
     stake, withdraw_block, claims = market.worker_info(address)
     console.print(f"{address}\n  balance {market.balance_of(address) / ETHER:.6f} ETH\n"
                   f"  stake   {stake / ETHER:.6f} ETH (active claims {claims}"
@@ -258,10 +440,9 @@ def keys_show(
 
     Example: [bold]needle-net keys show .needle-net/worker/key.json[/bold]
     """
-    try:
-        address = json.loads(path.read_text())["address"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        _fail(f"cannot read an address from keystore {path}: {err!r}")
+    address = keys.read_keyfile(path).get("address")
+    if address is None:
+        _fail(f"cannot read an address from keystore {path}: it has no \"address\" field")
     from web3 import Web3
 
     if not Web3.is_address("0x" + str(address).removeprefix("0x")):
@@ -283,21 +464,13 @@ def send(
 
     Example: [bold]needle-net send 0x7099...79C8 1.5 --keystore me.json[/bold]
     """
-    from web3 import Web3
     from web3.exceptions import Web3RPCError
 
     from chain.client import ChainClient
 
-    digits = to.removeprefix("0x")
-    mixed_case = digits != digits.lower() and digits != digits.upper()
-    if not Web3.is_address(to) or (mixed_case and not Web3.is_checksum_address(to)):
-        _fail(f"{to!r} is not an address: 0x and 40 hex digits, and if mixed-case, with a "
-              "valid checksum")
-    value = int(round(amount * ETHER))
-    if value <= 0:
-        _fail(f"amount must be positive, got {amount}")
+    to = _address(to)
+    value = _wei(amount, "amount")
     account = _account(keystore, password_file)
-    to = Web3.to_checksum_address(to)
     if not yes and not typer.confirm(f"send {amount:g} ETH from {account.address} to {to}?"):
         _fail("cancelled")
     client = ChainClient(rpc_url, account.key)
@@ -328,15 +501,19 @@ def stake(
 
     Example: [bold]needle-net stake 1 --keystore worker.json[/bold]
     """
-    from node.market import Market, TxReverted
+    from node.market import Market
 
+    value = _wei(amount, "amount")
     market = Market(rpc_url, _account(keystore, password_file))
     try:
-        market.send("register", value=int(amount * ETHER))
-    except TxReverted as err:
-        _fail(str(err))
-    console.print(f"stake is now {market.stake_of(market.address) / ETHER:g} ETH")
-    market.close()
+        balance = market.balance_of(market.address)
+        if value > balance:
+            _fail(f"insufficient funds: {market.address} holds {balance / ETHER:g} ETH, "
+                  f"cannot stake {amount:g} ETH")
+        market.send("register", value=value)
+        console.print(f"stake is now {market.stake_of(market.address) / ETHER:g} ETH")
+    finally:
+        market.close()
 
 
 @app.command()
@@ -349,11 +526,11 @@ def withdraw(
 
     Example: [bold]needle-net withdraw --keystore worker.json[/bold]
     """
-    from node.market import Market, TxReverted
+    from node.market import Market
 
     market = Market(rpc_url, _account(keystore, password_file))
-    _, withdraw_block, _ = market.worker_info(market.address)
     try:
+        _, withdraw_block, _ = market.worker_info(market.address)
         if withdraw_block == 0:
             receipt = market.send("requestWithdraw")
             block = market.events_in(receipt, "WithdrawRequested")[0]["availableBlock"]
@@ -362,9 +539,8 @@ def withdraw(
             receipt = market.send("withdraw")
             amount = market.events_in(receipt, "Withdrawn")[0]["amount"]
             console.print(f"withdrew {amount / ETHER:g} ETH")
-    except TxReverted as err:
-        _fail(str(err))
-    market.close()
+    finally:
+        market.close()
 
 
 @app.command()

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from eth_account import Account
 
+from chain.blobs import encode_header
 from chain.timeline import mark
 from node.market import (
-    DEFAULT_MAX_BLOB_BYTES,
     PRESIGN_BYTES,
     UPLOAD_THREADS,
     Market,
@@ -33,6 +33,7 @@ DEFAULT_FEE_WEI = 10**15
 FINALIZE_PATIENCE_BLOCKS = 4  # the worker finalises itself; step in only if it does not
 EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
 PRECISION_CODES = {"exact": 0, "fp32": 1, "tf32": 2, "bf16": 3}
+MIB = 1 << 20
 
 
 class RemoteJobError(RuntimeError):
@@ -54,8 +55,8 @@ def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: A is {a.dtype}, B is {b.dtype}")
     if a.dtype != np.float32 and a.dtype.type not in EXACT_DTYPES:
-        raise ValueError(f"unsupported dtype {a.dtype}: use float32, or an integer type for "
-                         "exact jobs")
+        raise ValueError(f"unsupported dtype {a.dtype}: use float32 for float jobs, or int8, "
+                         "int16, int32 or int64 for exact jobs")
     if a.ndim not in (2, 3) or b.ndim not in (2, a.ndim):
         raise ValueError(f"operands must be 2-D, or 3-D (batched) A with 3-D or shared 2-D B, "
                          f"got shapes {a.shape} and {b.shape}")
@@ -66,13 +67,44 @@ def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int
         raise ValueError(f"batch sizes differ: A {a.shape}, B {b.shape}")
     if 0 in a.shape or 0 in b.shape:
         raise ValueError(f"empty operand: A {a.shape}, B {b.shape}")
-    for name, x in (("A", a), ("B", b)):
-        if x.nbytes > max_bytes:
-            raise ValueError(f"{name} is {x.nbytes} bytes, over the {max_bytes}-byte blob limit")
-        if x.dtype == np.float32 and not np.isfinite(x).all():
-            raise ValueError(f"{name} contains NaN or infinity")
     batch = a.shape[0] if a.ndim == 3 else 1
+    # C as a worker uploads it (float32, or int64 for exact jobs); no memory is touched
+    c = np.broadcast_to(np.zeros((), np.float32 if a.dtype == np.float32 else np.int64),
+                        (*a.shape[:-1], b.shape[-1]))
+    for name, x in (("A", a), ("B", b), ("C", c)):
+        size = len(encode_header(x)) + x.nbytes
+        if size > max_bytes:
+            raise ValueError(f"{name} is a blob of {size} bytes ({size / MIB:.1f} MiB), over the "
+                             f"node's {max_bytes}-byte ({max_bytes / MIB:g} MiB) blob limit")
+        if x is not c and x.dtype == np.float32 and not np.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or infinity")
+    if a.dtype != np.float32:
+        _check_exact_range(a, b)
     return batch, a.shape[-2], a.shape[-1], b.shape[-1]
+
+
+def _check_exact_range(a: np.ndarray, b: np.ndarray) -> None:
+    """An exact job is checkable (by this client and the chain) only while C is determined
+    mod p: 2 * k * max|A| * max|B| < p = 2^61 - 1, as `verifier` requires. Checked here,
+    before a fee is spent on a job no verifier can accept."""
+    from verifier import P
+    from verifier.exact import data_magnitude, dtype_magnitude
+
+    k = a.shape[-1]
+    if 2 * k * dtype_magnitude(a.dtype) * dtype_magnitude(b.dtype) < P:
+        return  # no values these dtypes hold can break the bound: skip the scan
+    bound = k * data_magnitude(a) * data_magnitude(b)
+    if 2 * bound >= P:
+        raise ValueError(f"exact job out of range: k * max|A| * max|B| = {bound}, not below "
+                         f"(2^61 - 1) / 2, the bound the verifier needs")
+
+
+def _native_byte_order(x):
+    """`x` in the machine's byte order (a big-endian .npy file loads as >f4): the checks and
+    the blob format take native arrays."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
 
 
 @dataclass
@@ -111,7 +143,7 @@ class JobClient:
         timeout_blocks: int = 20,
         local_check: bool = True,
         progress: bool = False,
-        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        max_blob_bytes: int | None = None,
         poll_interval: float = 1.0,
     ) -> None:
         account = default_key() if key is None else key
@@ -142,6 +174,7 @@ class JobClient:
         """Validate and upload the operands, then open one job per pair in one transaction."""
         if not pairs:
             return []
+        pairs = [(_native_byte_order(a), _native_byte_order(b)) for a, b in pairs]
         shapes = []
         for i, (a, b) in enumerate(pairs):
             try:
@@ -162,6 +195,9 @@ class JobClient:
                     self._pool)
             else:
                 flat = self.market.put_arrays(arrays)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt("interrupted during the upload: no job was submitted") \
+                from None
         except Exception as err:
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()
@@ -170,6 +206,10 @@ class JobClient:
             signed = signing.result() if signing else \
                 self._sign_submission(flat, shapes, precisions)
             receipt = self.market.send_signed(signed)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(
+                "interrupted while the submission was sent: it may still open the job; "
+                "`needle-net jobs` lists it and `needle-net cancel JOB_ID` refunds it") from None
         except Exception as err:
             if signing:
                 self.market.client.forget_nonce()  # in case signing failed after its nonce
@@ -218,12 +258,33 @@ class JobClient:
                 if time.time() > deadline and any(p.result is None for p in pending):
                     stuck = next(p for p in pending if p.result is None)
                     raise RemoteJobError(
-                        stuck.stage, f"timed out after {self.timeout:.0f}s; the job is still "
-                        f"{stuck.stage} (no worker moved it on)", stuck.job_id)
+                        stuck.stage, f"timed out after {self.timeout:.0f}s (no worker moved "
+                        f"the job on): {self.abandon(pending)}", stuck.job_id)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"interrupted: {self.abandon(pending)}") from None
         finally:
             if display:
                 display.close()
         return [p.result for p in pending]
+
+    def abandon(self, pending: list[_Pending]) -> str:
+        """Cancel the unfinished jobs that are still open, for their fees back (nobody would
+        fetch their results), and say what became of each."""
+        return "; ".join(self._abandon_one(p) for p in pending if p.result is None)
+
+    def _abandon_one(self, p: _Pending) -> str:
+        if p.stage == "submitted":
+            try:
+                self.market.send("cancel", p.job_id)
+                return f"job {p.job_id} cancelled, its {self.fee_wei / 10**18:g} ETH fee refunded"
+            except TxReverted:
+                pass  # claimed since the last block seen: no longer cancellable
+            except Exception as err:  # noqa: BLE001 - reported: the job stays open
+                return (f"job {p.job_id} is still open, cancelling it failed ({err}): "
+                        f"`needle-net cancel {p.job_id}` refunds it")
+        return (f"job {p.job_id} was taken by a worker and cannot be cancelled now: "
+                f"`needle-net fetch {p.job_id} -o C.npy` gets its result once it is done, "
+                f"`needle-net cancel {p.job_id}` refunds it if it is reopened")
 
     def _apply(self, p: _Pending, event) -> None:
         name, args = event["event"], event["args"]

@@ -77,6 +77,34 @@ def matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
     return np.stack([_matmul_2d(x, y, device) for x, y in zip(a, bs, strict=True)])
 
 
+class OperandError(ValueError):
+    """A job's operands do not match its declaration: the chain cancels such a job at
+    finalisation (fee refunded, nobody paid), so a worker skips it instead of computing."""
+
+
+def check_operands(a: np.ndarray, b: np.ndarray, dims: tuple[int, int, int, int],
+                   exact: bool) -> None:
+    """OperandError unless A and B are what the job declares (`dims` = batch, m, k, n;
+    `exact`: precision class 0): the shapes, an integer dtype for exact jobs and float32
+    for the others, finite floats. The same rules as the chain's check (docs/protocol.md)."""
+    batch, m, k, n = dims
+    _check_shape("A", a, [(batch, m, k)] + ([(m, k)] if batch == 1 else []))
+    _check_shape("B", b, [(batch, k, n), (k, n)])
+    wanted = EXACT_DTYPES if exact else FLOAT_DTYPES
+    for name, array in (("A", a), ("B", b)):
+        if array.dtype.type not in wanted:
+            raise OperandError(f"{name} is {array.dtype}, the job's precision class needs "
+                               f"{'an integer type' if exact else 'float32'}")
+        if not exact and not np.isfinite(array).all():
+            raise OperandError(f"{name} holds NaN or Inf")
+
+
+def _check_shape(name: str, array: np.ndarray, allowed: list[tuple[int, ...]]) -> None:
+    if array.shape not in allowed:
+        raise OperandError(f"{name} has shape {array.shape}, the job declares "
+                           f"{' or '.join(map(str, allowed))}")
+
+
 def corrupt(c: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """A wrong result for the test-only cheating worker: every entry perturbed."""
     noise = rng.integers(1, 4, size=c.shape).astype(c.dtype)

@@ -7,6 +7,7 @@ start), is funded from the dev faucet account, and stakes on start. Used by
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -16,11 +17,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from chain.dirlock import DirLocked, lock_dir
 from node.keys import load_or_create
 
 FAUCET_INDEX = 19  # the last dev account funds workers; clients default to account 0
@@ -28,6 +31,13 @@ WORKER_FUNDING_WEI = 5 * 10**18
 # Dev keystores sit next to their password file, so a slow KDF would protect nothing.
 DEV_KDF_ITERATIONS = 2**12
 START_TIMEOUT = 90.0
+LOCK_FILE = "devnet.lock"
+TCP_LISTEN = "0A"  # a socket's state in /proc/net/tcp
+
+
+class DevnetError(RuntimeError):
+    """The devnet cannot run: a port or its data dir is taken, or one of its processes
+    exited. Its message is one line, meant to be shown as it is."""
 
 
 def free_port() -> int:
@@ -41,7 +51,7 @@ def wait_until(check, timeout: float, what: str, process: subprocess.Popen | Non
     end = time.time() + timeout
     while time.time() < end:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what}: process exited with code {process.returncode}")
+            raise DevnetError(f"{what}: process exited with code {process.returncode}")
         try:
             if check():
                 return
@@ -72,9 +82,13 @@ class Devnet:
     def __init__(self, data_dir: Path, *, port: int | None = None, block_time: float = 0.2,
                  log_to_files: bool = True, blob_port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.blob_port = blob_port  # None: chain up's default (port + 1, else any free one)
+        _require_free(self.port, "chain")
+        if blob_port:
+            _require_free(blob_port, "blob")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock: TextIO | None = _lock(self.data_dir)
         self.rpc_url = f"http://127.0.0.1:{self.port}"
         self.block_time = block_time
         self.log_to_files = log_to_files
@@ -111,8 +125,9 @@ class Devnet:
              "--port", str(self.port), "--block-time", str(self.block_time),
              *(["--blob-port", str(self.blob_port)] if self.blob_port is not None else [])],
             "chain.log")
-        wait_until(lambda: httpx.get(f"{self.rpc_url}/info", timeout=2).status_code == 200,
-                   START_TIMEOUT, "chain node", self.chain)
+        wait_until(lambda: httpx.get(f"{self.rpc_url}/info", timeout=2).status_code == 200
+                   and _listens(self.chain.pid, self.port), START_TIMEOUT, "chain node",
+                   self.chain)
 
     def worker_dir(self, index: int) -> Path:
         return self.data_dir / f"worker{index}"
@@ -142,7 +157,8 @@ class Devnet:
         self.workers = [w for w in self.workers if w.index != index] + [worker]
         if wait:
             wait_until(lambda: httpx.get(f"{worker.api_url}/status", timeout=2).json()
-                       ["stake_wei"] > 0, START_TIMEOUT, f"worker {index}", process)
+                       ["stake_wei"] > 0 and _listens(process.pid, api_port), START_TIMEOUT,
+                       f"worker {index}", process)
         return worker
 
     def _fund(self, address: str) -> None:
@@ -165,11 +181,70 @@ class Devnet:
         """SIGTERM (graceful: finishes jobs in flight) or SIGKILL; returns the exit code."""
         return _stop(worker.process, signal.SIGKILL if kill else signal.SIGTERM, timeout)
 
+    def watch(self, interval: float = 0.5) -> None:
+        """Block while the chain and every worker run, then raise DevnetError naming the
+        first process that exited: a devnet that lost one is broken, and says so."""
+        processes = [("chain node", self.chain, "chain.log"),
+                     *((f"worker {w.index}", w.process, f"worker{w.index}.log")
+                       for w in self.workers)]
+        while True:
+            for name, process, log_name in processes:
+                if process.poll() is not None:
+                    raise DevnetError(f"{name} exited with code {process.returncode} (log: "
+                                      f"{self.data_dir / log_name}); devnet stopped")
+            time.sleep(interval)
+
     def close(self) -> None:
         for worker in self.workers:
             _stop(worker.process, signal.SIGTERM, 15.0)
         if self.chain is not None:
             _stop(self.chain, signal.SIGTERM, 15.0)
+        if self._lock is not None:
+            self._lock.close()  # releases the data dir
+            self._lock = None
+
+
+def _require_free(port: int, what: str) -> None:
+    """DevnetError if something listens on `port` (bound as the node binds, SO_REUSEADDR:
+    a port left in TIME_WAIT is free): the node would fail to start there, while the
+    readiness check might take the answer of whatever holds it for its own."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise DevnetError(f"{what} port {port} is in use ({err.strerror}): is another "
+                              "devnet or chain node running there?") from None
+
+
+def _lock(data_dir: Path) -> TextIO:
+    """The data dir's lock, held while the devnet runs: a second devnet there would start
+    workers with the same keys and overwrite their admin tokens."""
+    try:
+        return lock_dir(data_dir, LOCK_FILE)
+    except DirLocked as exc:
+        raise DevnetError(f"data dir {data_dir} is in use by another devnet (pid "
+                          f"{exc.holder}); stop it or pick another data dir") from None
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on TCP `port`, from Linux's /proc
+    (elsewhere: assumed, the ports were found free before the start). So an answer on the
+    port is known to come from the process the devnet started, not from another."""
+    if not os.path.exists("/proc/net/tcp"):
+        return True
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for fields in (line.split() for line in Path(table).read_text().splitlines()[1:]):
+                if fields[3] == TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    listening.add(f"socket:[{fields[9]}]")
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in listening:
+                    return True
+    return False
 
 
 def _terminate_with_parent() -> None:

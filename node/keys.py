@@ -48,13 +48,28 @@ def save_keystore(
     os.replace(tmp, path)
 
 
-def load_keystore(path: Path, password: str) -> LocalAccount:
+def read_keyfile(path: Path) -> dict:
+    """A keystore file's JSON object (not decrypted); KeystoreError naming what is wrong."""
     try:
-        keyfile = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise KeystoreError(f"cannot read keystore {path}: {err}") from err
+        keyfile = json.loads(Path(path).read_bytes())
+    except OSError as err:
+        raise KeystoreError(f"cannot read keystore {path}: {err.strerror or err}") from err
+    except ValueError as err:  # also a binary file: UnicodeDecodeError
+        raise KeystoreError(f"{path} is not a keystore JSON file") from err
+    if not isinstance(keyfile, dict):
+        raise KeystoreError(f"{path} is not a keystore: a JSON object was expected, found "
+                            f"{type(keyfile).__name__}")
+    return keyfile
+
+
+def load_keystore(path: Path, password: str) -> LocalAccount:
+    """The account in an encrypted keystore; KeystoreError if it cannot be read or opened."""
+    keyfile = read_keyfile(path)
     try:
         return Account.from_key(Account.decrypt(keyfile, password))
+    except (KeyError, TypeError) as err:
+        raise KeystoreError(f"{path} is not an encrypted keystore (Web3 secret storage v3): "
+                            f"missing or malformed {err}") from err
     except ValueError as err:
         raise KeystoreError(
             f"cannot decrypt keystore {path}: wrong password or corrupt file"
@@ -65,6 +80,8 @@ def load_or_create(path: Path, password: str, iterations: int | None = None) -> 
     """The account in `path`, creating a fresh random one there on first start."""
     if Path(path).exists():
         return load_keystore(path, password)
+    if not password:
+        raise KeystoreError(f"refusing to create keystore {path} with an empty password")
     account = Account.create()
     save_keystore(account, path, password, iterations)
     return account

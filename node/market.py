@@ -30,7 +30,6 @@ from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
 JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
 STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
 PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
-DEFAULT_MAX_BLOB_BYTES = 1 << 30
 VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS (exact jobs use 1: this is an upper bound)
 # Fixed gas limits for the job lifecycle (no estimate round trip; measured use in
 # docs/protocol.md, with margin): a revert then costs only the gas used.
@@ -167,14 +166,14 @@ class EventDecoder:
 
 class Market:
     def __init__(
-        self, rpc_url: str, account: LocalAccount, max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+        self, rpc_url: str, account: LocalAccount, max_blob_bytes: int | None = None
     ) -> None:
         self.client = ChainClient(rpc_url, account.key, max_blob_bytes=max_blob_bytes)
         self.account = account
         self.address = account.address
         self.w3 = self.client.w3
         self.contract = self.client.market
-        self.max_blob_bytes = max_blob_bytes
+        self.max_blob_bytes = self.client.max_blob_bytes  # None given: the node's
         self.blobs = self.client.blobs
         self.events = EventDecoder(self.contract.abi)
 

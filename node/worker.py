@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
@@ -64,6 +65,7 @@ class WorkerConfig:
     direct_commit_flops: int = 2 * 512**3  # smaller jobs: computed first, claimed + committed
     max_batch_jobs: int = 128  # small jobs taken per block, committed in one transaction
     finalize_timeout: float = 30.0
+    connect_timeout: float = 30.0  # start-up: how long an unreachable chain node is retried
     api_host: str = "127.0.0.1"
     api_port: int | None = None
     admin_token: str | None = None
@@ -91,7 +93,35 @@ ACCOUNT_REFRESH_SECONDS = 1.0
 PEER_ACTIVE_BLOCKS = 100  # a worker that claimed nothing for this long is no longer ranked
 PEER_GRACE_SECONDS = 0.5  # how long a job waits for each peer ranked before this worker
 API_SHUTDOWN_SECONDS = 10.0
-FINISHED = ("verified", "failed", "lost", "error", "expired")
+FINISHED = ("verified", "failed", "lost", "error", "expired", "skipped")
+REGISTER_GAS_ALLOWANCE = 150_000  # gas budgeted for `register` (measured: 72k)
+ADMIN_TOKEN_ENV = "NEEDLE_NET_ADMIN_TOKEN"
+
+
+class WorkerStartError(ValueError):
+    """The worker cannot start: no chain node, a stake below the market's minimum, too
+    little ETH to deposit it, an unreadable admin token file. A ValueError, which
+    `needle-net worker up` prints as a one-line error."""
+
+
+def admin_token(path: Path | None) -> str | None:
+    """The token for the admin routes: from `path`, else from $NEEDLE_NET_ADMIN_TOKEN (None:
+    the admin routes stay closed). A token file that cannot be read or is empty is a
+    WorkerStartError, not a worker that silently answers 403."""
+    if path is None:
+        return os.environ.get(ADMIN_TOKEN_ENV)
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not a text file"
+        raise WorkerStartError(f"cannot read the admin token file {path}: {reason}") from err
+    if not token:
+        raise WorkerStartError(f"the admin token file {path} is empty")
+    return token
+
+
+def _eth(wei: int) -> str:
+    return f"{wei / 10**18:g} ETH"
 
 
 def rank(job_id: int, worker: str, peers: list[str]) -> int:
@@ -118,8 +148,9 @@ class Worker:
         self.config = config
         self.account = account
         self.address = account.address
-        self.chain = Market(config.rpc_url, account)
         self.metrics = NodeMetrics()
+        self.chain = self._connect()
+        self._retry(self._check_stake_and_funds)
         self.device = compute.best_device()
         self._rng = np.random.default_rng()
         self._lock = threading.Lock()
@@ -293,6 +324,46 @@ class Worker:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def _connect(self) -> Market:
+        """The market at `rpc_url`. A node that does not answer yet is retried with backoff
+        for `connect_timeout` seconds (a worker may start with its node), then given up
+        with a WorkerStartError, as is an answer that is not a chain node's."""
+        url, delay = self.config.rpc_url, 0.5
+        deadline = time.monotonic() + self.config.connect_timeout
+        while True:
+            try:
+                return Market(url, self.account)
+            except (httpx.HTTPError, ValueError, KeyError) as err:
+                if not is_transient(err):
+                    raise WorkerStartError(f"{url} is not a needle-net chain node: {err}") \
+                        from err
+                if time.monotonic() + delay > deadline:
+                    raise WorkerStartError(
+                        f"no chain node answers at {url} (retried for "
+                        f"{self.config.connect_timeout:g}s): {err}") from err
+                log.warning("no chain node answers at %s (%s); retrying in %.1fs", url, err,
+                            delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _check_stake_and_funds(self) -> None:
+        """Refuse at start what registering would fail on later: a stake below the market's
+        minimum, or a balance short of the stake still to deposit plus its gas."""
+        min_stake = self.chain.min_stake()
+        staked = self.chain.stake_of(self.address)
+        if max(staked, self.config.stake_wei) < min_stake:
+            raise WorkerStartError(f"a stake of {_eth(self.config.stake_wei)} is below the "
+                                   f"market's minimum stake of {_eth(min_stake)}")
+        deposit = self.config.stake_wei - staked
+        if deposit <= 0:
+            return
+        gas = REGISTER_GAS_ALLOWANCE * 2 * self.chain.w3.eth.gas_price  # the max fee sent
+        balance = self.chain.balance_of(self.address)
+        if balance < deposit + gas:
+            raise WorkerStartError(
+                f"worker address {self.address} needs funds: its balance is {_eth(balance)}, "
+                f"staking needs {_eth(deposit)} plus up to {_eth(gas)} of gas")
+
     def _ensure_registered(self) -> None:
         stake = self.chain.stake_of(self.address)
         if stake < self.config.stake_wei:
@@ -415,8 +486,9 @@ class Worker:
         )
 
     def _claim(self, job: Job) -> None:
-        """Start claiming on the pool (the record counts as in flight from now on)."""
-        record = JobRecord(job.job_id, job.batch, job.m, job.k, job.n, job.fee_wei)
+        """Start fetching and claiming on the pool (the record counts as in flight from now
+        on)."""
+        record = JobRecord(job.job_id, job.batch, job.m, job.k, job.n, job.fee_wei, "fetching")
         with self._lock:
             self.jobs.append(record)
             self._tasks += 1
@@ -445,12 +517,17 @@ class Worker:
         return True
 
     def _process(self, record: JobRecord, job: Job, start: str) -> None:
-        """Take a job from `start` (claim, compute or finalize) to its verdict."""
+        """Take a job from `start` (claim, compute or finalize) to its verdict. Operands are
+        fetched and checked before the claim, so a job whose operands do not match its
+        declaration is skipped before any transaction: once claimed, it could only be
+        committed and finalised for gas and then cancelled by the chain, or left to expire
+        with a 10 % stake cut."""
         try:
-            if start == "claim" and not self._try_claim(record):
-                return
             if start in ("claim", "compute"):
-                self._compute_and_commit(record, job)
+                operands = self._fetch_operands(record, job)
+                if operands is None or (start == "claim" and not self._try_claim(record)):
+                    return
+                self._compute_and_commit(record, job, *operands)
             self._finalize(record, job)
         except TxReverted as err:
             log.warning("job %d: transaction reverted: %s", record.job_id, err)
@@ -483,8 +560,7 @@ class Worker:
                     results.append(c)
                     ready.append((record, job))
                 else:  # not committed: skipped, nothing lost
-                    log.warning("job %d skipped: %s", job.job_id, err)
-                    self._set_stage(record, "error", f"{type(err).__name__}: {err}")
+                    self._skip(record, err)
             if not ready:
                 return
             mark("worker computed")
@@ -550,12 +626,42 @@ class Worker:
                 raise
             return self._retry(self.chain.post_with_gas, gas, "commitJobs", job_ids, c_ids)
 
+    def _skip(self, record: JobRecord, err: Exception) -> None:
+        """Give up a job before any transaction for it: "skipped" if its operands do not
+        match its declaration (the submitter's mistake), else "error"."""
+        log.warning("job %d skipped: %s", record.job_id, err)
+        if isinstance(err, compute.OperandError):
+            self._set_stage(record, "skipped", f"operands do not match the job: {err}")
+            self.metrics.jobs.labels("skipped").inc()
+        else:
+            self._set_stage(record, "error", f"{type(err).__name__}: {err}")
+
+    def _operands(self, job: Job) -> tuple[np.ndarray, np.ndarray]:
+        """A and B from the blob store; OperandError unless they are what the job declares
+        (shapes, dtype for its precision class, finite floats): the chain cancels a job
+        whose operands are not, so computing and committing it would earn nothing."""
+        a = self._retry(self.chain.get_array, job.a_id)
+        b = self._retry(self.chain.get_array, job.b_id)
+        compute.check_operands(a, b, (job.batch, job.m, job.k, job.n), job.precision == 0)
+        return a, b
+
+    def _fetch_operands(self, record: JobRecord,
+                        job: Job) -> tuple[np.ndarray, np.ndarray] | None:
+        """`_operands`, timed; None if the job was skipped for them."""
+        t0 = time.perf_counter()
+        try:
+            operands = self._operands(job)
+        except compute.OperandError as err:
+            self._skip(record, err)
+            return None
+        self.metrics.stage_latency.labels("fetch").observe(time.perf_counter() - t0)
+        return operands
+
     def _try_compute(self, job: Job) -> tuple[np.ndarray | None, Exception | None]:
-        """Fetch A and B and compute C: (C, None), or (None, the error)."""
+        """Fetch and check A and B and compute C: (C, None), or (None, the error)."""
         try:
             mark(f"worker fetching job {job.job_id}")
-            a = self._retry(self.chain.get_array, job.a_id)
-            b = self._retry(self.chain.get_array, job.b_id)
+            a, b = self._operands(job)
             mark("worker fetched")
             c = compute.matmul(a, b, self.device)
             if self.config.corrupt_results:
@@ -584,15 +690,12 @@ class Worker:
             self._record_verdict(record, verdict, save=False)
         self._save_state()
 
-    def _compute_and_commit(self, record: JobRecord, job: Job) -> None:
-        t0 = time.perf_counter()
-        a = self._retry(self.chain.get_array, job.a_id)
-        b = self._retry(self.chain.get_array, job.b_id)
-        t1 = time.perf_counter()
-        self.metrics.stage_latency.labels("fetch").observe(t1 - t0)
+    def _compute_and_commit(self, record: JobRecord, job: Job, a: np.ndarray,
+                            b: np.ndarray) -> None:
         if self.config.stall_after_claim:
             self._stop.wait(self.config.stall_after_claim)
         self._set_stage(record, "computing")
+        t1 = time.perf_counter()
         c = compute.matmul(a, b, self.device)
         if self.config.corrupt_results:
             c = compute.corrupt(c, self._rng)

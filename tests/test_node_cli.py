@@ -8,7 +8,7 @@ from node.cli import app
 
 COMMANDS = [
     ["devnet", "up"], ["worker", "up"], ["submit"], ["jobs"], ["balance"], ["keys", "new"],
-    ["stake"], ["withdraw"], ["demo"], ["send"], ["keys", "show"],
+    ["stake"], ["withdraw"], ["demo"], ["send"], ["keys", "show"], ["cancel"], ["fetch"],
 ]
 runner = CliRunner()
 

@@ -53,3 +53,30 @@ def test_corrupt_changes_every_entry():
     c = np.zeros((4, 5), np.float32)
     bad = compute.corrupt(c, np.random.default_rng(0))
     assert (bad != c).all()
+
+
+@pytest.mark.parametrize("a,b,dims,exact", [
+    (np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), (1, 2, 3, 4), False),
+    (np.ones((1, 2, 3), np.float32), np.ones((1, 3, 4), np.float32), (1, 2, 3, 4), False),
+    (np.ones((5, 2, 3), np.float32), np.ones((3, 4), np.float32), (5, 2, 3, 4), False),
+    (np.ones((2, 3), np.int8), np.ones((3, 4), np.int64), (1, 2, 3, 4), True),
+])
+def test_operands_matching_their_declaration_pass(a, b, dims, exact):
+    compute.check_operands(a, b, dims, exact)
+
+
+@pytest.mark.parametrize("a,b,dims,exact,match", [
+    (np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), (2, 2, 3, 4), False,
+     r"A has shape \(2, 3\), the job declares \(2, 2, 3\)$"),
+    (np.ones((5, 2, 3), np.float32), np.ones((4, 3, 4), np.float32), (5, 2, 3, 4), False,
+     r"B has shape \(4, 3, 4\), the job declares \(5, 3, 4\) or \(3, 4\)$"),
+    (np.ones((2, 3), np.float32), np.full((3, 4), -np.inf, np.float32), (1, 2, 3, 4), False,
+     "B holds NaN or Inf"),
+    (np.ones((2, 3), np.int16), np.ones((3, 4), np.int16), (1, 2, 3, 4), False,
+     "A is int16, the job's precision class needs float32"),
+    (np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), (1, 2, 3, 4), True,
+     "A is float32, the job's precision class needs an integer type"),
+])
+def test_operands_not_matching_their_declaration_are_rejected(a, b, dims, exact, match):
+    with pytest.raises(compute.OperandError, match=match):
+        compute.check_operands(a, b, dims, exact)

@@ -26,8 +26,24 @@ def test_wrong_password_and_corrupt_file_are_clear_errors(tmp_path):
     with pytest.raises(keys.KeystoreError, match="wrong password"):
         keys.load_keystore(path, "wrong")
     path.write_text("{not json")
-    with pytest.raises(keys.KeystoreError, match="cannot read keystore"):
+    with pytest.raises(keys.KeystoreError, match="not a keystore JSON file"):
         keys.load_keystore(path, "right")
+    for content, message in (('{"foo": 1}', "not an encrypted keystore"),
+                             ("[1, 2]", "JSON object was expected"),
+                             ("0x" + "ab" * 32, "not a keystore JSON file")):
+        path.write_text(content)
+        with pytest.raises(keys.KeystoreError, match=message):
+            keys.load_keystore(path, "right")
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(keys.KeystoreError, match="not a keystore JSON file"):
+        keys.read_keyfile(path)
+
+
+def test_a_new_keystore_needs_a_password(tmp_path):
+    path = tmp_path / "key.json"
+    with pytest.raises(keys.KeystoreError, match="empty password"):
+        keys.load_or_create(path, "", iterations=2048)
+    assert not path.exists()
 
 
 def test_password_from_file_then_env(tmp_path, monkeypatch):

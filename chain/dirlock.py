@@ -1,0 +1,33 @@
+"""One process per directory: an exclusive flock on a file inside it that records the
+holder's pid (the kernel drops the lock when the process dies, so a crash leaves none)."""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import TextIO
+
+
+class DirLocked(Exception):
+    """Another process holds the directory's lock; `holder` is its pid as it recorded it."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"locked by pid {holder}")
+        self.holder = holder
+
+
+def lock_dir(directory: Path, lock_name: str) -> TextIO:
+    """Lock `directory` for this process until the returned file is closed; DirLocked at
+    once if another process holds it."""
+    lock = open(directory / lock_name, "a+")  # noqa: SIM115 - held until the caller closes it
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise DirLocked(holder) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
