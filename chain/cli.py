@@ -28,8 +28,8 @@ def up(
              "port works too, slower). Default: the HTTP port + 1, or any free port if that "
              "one is taken; 0: any free port.", show_default=False, min=0, max=65535)] = None,
     block_time: Annotated[float, typer.Option(
-        help="Seal a block at least this often (s); 0: never seal empty blocks.",
-        min=0)] = 1.0,
+        help="Seal a block at least this often (s, at most a day); 0: never seal empty "
+             "blocks.", min=0, max=86400)] = 1.0,
     seal_on_pending: Annotated[bool, typer.Option(
         help="Seal as soon as transactions are pending.")] = True,
     max_blob_mb: Annotated[int, typer.Option(help="Largest accepted blob, MiB.", min=1)] = (

@@ -1,5 +1,7 @@
 """Test helpers shared by several test files: float32 tensors and finite differences for the
-framework tests, a node serving blobs for the blob tests, chain clients for the dev accounts."""
+framework tests, a node serving blobs for the blob tests, chain clients for the dev accounts,
+a bounded wait."""
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -59,3 +61,14 @@ def dev_clients(url: str, count: int, **options) -> Iterator[list]:
     finally:
         for client in made:
             client.close()
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll `predicate` every 0.1 s until it holds; AssertionError naming `what` after
+    `timeout` seconds."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -76,6 +76,8 @@ def test_up_refuses_a_regular_file_as_data_dir(tmp_path):
     pytest.param(("up", "--port", "0", "--blob-port", "70000"), id="blob-port-above-65535"),
     pytest.param(("up", "--port", "0", "--max-blob-mb", "-1"), id="negative-max-blob"),
     pytest.param(("up", "--port", "0", "--block-time", "-1"), id="negative-block-time"),
+    pytest.param(("up", "--port", "0", "--block-time", "inf"), id="infinite-block-time"),
+    pytest.param(("up", "--port", "0", "--block-time", "nan"), id="nan-block-time"),
     pytest.param(("accounts", "--count", "-1"), id="negative-account-count"),
 ])
 def test_out_of_range_options_are_usage_errors(tmp_path, args):

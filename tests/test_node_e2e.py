@@ -12,6 +12,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+from helpers import wait_for
 from typer.testing import CliRunner
 
 from chain.blobhttp import BlobClient
@@ -69,15 +70,6 @@ def _events(market, name, **filters):
                                                                from_block=0))
 
 
-def _wait_for(predicate, timeout, what):
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _in_thread(fn):
     box = {}
 
@@ -112,8 +104,8 @@ def test_cheater_is_slashed_and_never_paid_honest_worker_is_paid(net, observer):
     client = JobClient(net.rpc_url, dev_account(1), fee_wei=FEE, timeout=120)
     a, b = _operands(0, (24, 16), (16, 8))
     result = _in_thread(lambda: client.matmul(a, b))
-    _wait_for(lambda: _events(observer, "JobFailed", worker=cheater.address), 60,
-              "the cheater's result to fail verification")
+    wait_for(lambda: _events(observer, "JobFailed", worker=cheater.address), 60,
+             "the cheater's result to fail verification")
     honest = net.start_worker(1)
     c = result(120)
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
@@ -133,19 +125,19 @@ def test_cheater_is_slashed_and_never_paid_honest_worker_is_paid(net, observer):
     assert observer.stake_of(cheater.address) == 10**18 - slashed
     verified = _events(observer, "JobVerified", worker=honest.address)
     assert len(verified) == 5 and all(e["args"]["fee"] == FEE for e in verified)
-    _wait_for(lambda: HTTP.get(f"{honest.api_url}/status").json()["in_flight"] == 0, 30,
-              "the honest worker to record its verdicts")
+    wait_for(lambda: HTTP.get(f"{honest.api_url}/status").json()["in_flight"] == 0, 30,
+             "the honest worker to record its verdicts")
     status = HTTP.get(f"{honest.api_url}/status").json()
     assert status["completed"] == 5 and status["earned_wei"] == 5 * FEE
     assert HTTP.get(f"{cheater.api_url}/status").json()["failed"] == 1
     # the next block to scan is saved off the job path, also across blocks without events
     state = net.worker_dir(1) / "worker-state.json"
     later = observer.block_number() + 2
-    _wait_for(lambda: json.loads(state.read_text())["next_block"] > later, 30,
-              "the worker to save its place in the chain")
+    wait_for(lambda: json.loads(state.read_text())["next_block"] > later, 30,
+             "the worker to save its place in the chain")
 
-    _wait_for(lambda: all(observer.job(j).status == 4 for j in range(observer.job_count())), 10,
-              "every job done")
+    wait_for(lambda: all(observer.job(j).status == 4 for j in range(observer.job_count())), 10,
+             "every job done")
     h1, total1 = _snapshot(observer, net)
     assert total1 - total0 == -_burned(observer, h0 + 1, h1)
     contract_holds = observer.contract.functions.totalEscrow().call() + \
@@ -160,8 +152,8 @@ def test_killed_worker_job_is_reassigned_after_deadline(net, observer):
     client = JobClient(net.rpc_url, dev_account(2), fee_wei=FEE, timeout=120, timeout_blocks=8)
     a, b = _operands(5, (10, 20), (20, 6))
     result = _in_thread(lambda: client.matmul(a, b))
-    _wait_for(lambda: _events(observer, "JobClaimed", worker=staller.address), 60,
-              "the staller to claim")
+    wait_for(lambda: _events(observer, "JobClaimed", worker=staller.address), 60,
+             "the staller to claim")
     net.stop_worker(staller, kill=True)
     net.start_worker(1)  # restarts from its saved state
     c = result(120)
@@ -235,8 +227,8 @@ def test_graceful_stop_finishes_a_claimed_job_and_restart_resumes_one(net, obser
     worker = net.start_worker(2, extra_args=stall, env=CHEAT_ENV)
     a, b = _operands(21, (9, 5), (5, 3))
     result = _in_thread(lambda: client.matmul(a, b))
-    _wait_for(lambda: len(_events(observer, "JobClaimed", worker=worker.address)) == 2, 60,
-              "worker 2 to claim")
+    wait_for(lambda: len(_events(observer, "JobClaimed", worker=worker.address)) == 2, 60,
+             "worker 2 to claim")
     assert net.stop_worker(worker) == 0
     np.testing.assert_allclose(result(60), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
     first = _events(observer, "JobClaimed", worker=worker.address)[-1]["args"]["jobId"]
@@ -246,8 +238,8 @@ def test_graceful_stop_finishes_a_claimed_job_and_restart_resumes_one(net, obser
     worker = net.start_worker(2, extra_args=stall, env=CHEAT_ENV)
     a, b = _operands(22, (6, 5), (5, 8))
     result = _in_thread(lambda: client.matmul(a, b))
-    _wait_for(lambda: len(_events(observer, "JobClaimed", worker=worker.address)) == 3, 60,
-              "worker 2 to claim again")
+    wait_for(lambda: len(_events(observer, "JobClaimed", worker=worker.address)) == 3, 60,
+             "worker 2 to claim again")
     net.stop_worker(worker, kill=True)
     worker = net.start_worker(2)
     np.testing.assert_allclose(result(60), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
@@ -298,7 +290,7 @@ def test_cli_submit_jobs_and_balance(net, observer, tmp_path):
     requested = cli("withdraw", *key)
     assert requested.exit_code == 0 and "withdrawal requested" in requested.output
     available = observer.worker_info(address)[1]
-    _wait_for(lambda: observer.block_number() >= available, 30, "the withdrawal cooldown")
+    wait_for(lambda: observer.block_number() >= available, 30, "the withdrawal cooldown")
     balance = observer.balance_of(address)
     withdrawn = cli("withdraw", *key)
     assert withdrawn.exit_code == 0 and f"withdrew {(stake + 10**18 // 2) / 10**18:g} ETH" \
@@ -330,7 +322,7 @@ def test_worker_api_metrics_and_admin_actions(net, observer):
     assert HTTP.get(f"{api}/health").json() == {"ok": True}
     # The client has its result once the job is verified on chain; the worker records the
     # verdict a moment later.
-    _wait_for(lambda: HTTP.get(f"{api}/status").json()["in_flight"] == 0, 30, "worker idle")
+    wait_for(lambda: HTTP.get(f"{api}/status").json()["in_flight"] == 0, 30, "worker idle")
     status = HTTP.get(f"{api}/status").json()
     jobs = HTTP.get(f"{api}/jobs").json()
     verified = [j for j in jobs if j["stage"] == "verified"]
@@ -355,7 +347,7 @@ def test_worker_api_metrics_and_admin_actions(net, observer):
     assert requested["requested"] and observer.worker_info(worker.address)[1] == \
         requested["available_block"]
     stake = observer.stake_of(worker.address)
-    _wait_for(lambda: observer.block_number() >= requested["available_block"], 30, "cooldown")
+    wait_for(lambda: observer.block_number() >= requested["available_block"], 30, "cooldown")
     balance = observer.balance_of(worker.address)
     assert HTTP.post(f"{api}/admin/withdraw", headers=admin).json() == {"withdrawn_wei": stake}
     assert observer.stake_of(worker.address) == 0

@@ -28,11 +28,13 @@ def _cases():
              dict(nonce=2**64 - 2,  # EIP-2681: the largest valid nonce
                   max_fee=2**256 - 1, max_priority_fee=2**256 - 1,
                   gas=2**63, value=2**256 - 1, data=b"\x00" * 55),
-             dict(nonce=127, max_fee=128, max_priority_fee=255, gas=256, value=1,
+             dict(nonce=127, max_fee=255, max_priority_fee=128, gas=256, value=1,
                   data=b"\x80")]
     for i, key in enumerate(keys):
+        max_fee = _random_int(128)  # the tip stays within it (EIP-1559; admission checks)
         fields = edges[i] if i < len(edges) else dict(
-            nonce=_random_int(64), max_fee=_random_int(128), max_priority_fee=_random_int(64),
+            nonce=_random_int(64), max_fee=max_fee,
+            max_priority_fee=min(_random_int(64), max_fee),
             gas=_random_int(32), value=_random_int(256),
             data=RNG.bytes(int(RNG.integers(0, 3000))))
         to = RNG.bytes(20)

@@ -7,11 +7,11 @@ import logging
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
+from helpers import wait_for
 from typer.testing import CliRunner
 from web3 import Web3
 
@@ -25,15 +25,6 @@ from node.worker import FINISHED, Worker, WorkerConfig, WorkerStartError, admin_
 pytestmark = pytest.mark.timeout(240)
 FEE = 10**15
 ETHER = 10**18
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- the devnet ----------------------------------------------------------------------------
@@ -125,8 +116,8 @@ def test_worker_skips_jobs_whose_operands_do_not_match_before_any_transaction(
     submitter = Market(node.url, dev_account(1))
     try:
         ids = _submit(submitter, [*good, *(job for _, job in bad)])
-        _wait_for(lambda: {j["job_id"] for j in worker.job_list() if j["stage"] in FINISHED}
-                  >= set(ids), 120, "the worker to finish or skip every job")
+        wait_for(lambda: {j["job_id"] for j in worker.job_list() if j["stage"] in FINISHED}
+                 >= set(ids), 120, "the worker to finish or skip every job")
     finally:
         worker.request_stop()
         thread.join(60)
