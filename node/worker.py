@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ import numpy as np
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
+from chain.blobserver import listen
 from chain.timeline import mark
 from node import compute
 from node.market import (
@@ -168,6 +170,7 @@ class Worker:
         self._state_path = Path(config.data_dir) / "worker-state.json"
         self._journal_path = Path(config.data_dir) / "worker-jobs.jsonl"
         self._unjournaled: list[JobRecord] = []  # finished, not yet in the journal
+        self._api_socket = self._bind_api()
         self._next_block, self.jobs = self._load_state()
         self._saved_block = self._next_block
         self._api_server = None
@@ -755,8 +758,20 @@ class Worker:
 
     # -- HTTP API ---------------------------------------------------------------------------
 
-    def _start_api(self) -> None:
+    def _bind_api(self) -> socket.socket | None:
+        """The API's listening socket, bound at start: a port in use is a WorkerStartError,
+        not a worker that runs on without its API (uvicorn only logs a failed bind)."""
         if self.config.api_port is None:
+            return None
+        host, port = self.config.api_host, self.config.api_port
+        try:
+            return listen(host, port)
+        except OSError as err:
+            raise WorkerStartError(f"cannot serve the API on {host}:{port}: {err.strerror}"
+                                   ) from err
+
+    def _start_api(self) -> None:
+        if self._api_socket is None:
             return
         import uvicorn
 
@@ -767,7 +782,8 @@ class Worker:
             app, host=self.config.api_host, port=self.config.api_port, log_level="warning"
         )
         self._api_server = uvicorn.Server(config)
-        self._api_thread = threading.Thread(target=self._api_server.run, name="api", daemon=True)
+        self._api_thread = threading.Thread(target=self._api_server.run, name="api", daemon=True,
+                                            kwargs={"sockets": [self._api_socket]})
         self._api_thread.start()
 
     def _stop_api(self) -> None:

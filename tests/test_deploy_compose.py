@@ -267,8 +267,13 @@ def test_compose_commands_run_a_network_without_containers(compose, tmp_path):
                       "NEEDLE_NET_WORKER_ROOT": str(tmp_path / "workers")}
         entrypoint = str(ROOT / "deploy" / "worker-entrypoint.sh")
 
+        api_ports: list[int] = []  # replicas 0 and 1 start together, 2 after a restart
+        while len(api_ports) < 3:  # distinct: a port is free again until its replica binds it
+            if (port := free_port()) not in api_ports:
+                api_ports.append(port)
+
         def start_replica(index: int) -> tuple[subprocess.Popen, int]:
-            api_port = free_port()
+            api_port = api_ports[index]
             args = _replace(list(worker_service["command"]), {
                 "http://chain:8545": rpc_url, "0.0.0.0": "127.0.0.1", "8600": str(api_port)})
             return spawn([entrypoint, *args], f"worker{index}.log", worker_env), api_port

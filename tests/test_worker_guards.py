@@ -4,6 +4,7 @@ a worker skips jobs whose operands do not match their declaration before any tra
 a worker that cannot start says why in one line."""
 import json
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -187,3 +188,13 @@ def test_admin_token_file_errors_are_start_errors(tmp_path, monkeypatch):
     assert admin_token(tmp_path / "token") == "s3cret"
     monkeypatch.setenv("NEEDLE_NET_ADMIN_TOKEN", "from-env")
     assert admin_token(None) == "from-env"
+
+
+def test_an_api_port_in_use_is_a_start_error(node, tmp_path):
+    """Not a worker that runs on without its API (uvicorn would only log the failed bind)."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=10**18,
+                              api_port=port)
+        with pytest.raises(WorkerStartError, match=f"cannot serve the API on 127.0.0.1:{port}"):
+            Worker(config, dev_account(7))
