@@ -65,10 +65,10 @@ def matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
                          f"and {b.shape}")
     if a.shape[-1] != b.shape[-2] or (b.ndim == 3 and a.shape[0] != b.shape[0]):
         raise ValueError(f"matmul shapes do not match: {a.shape} @ {b.shape}")
+    if a.dtype.type in EXACT_DTYPES and b.dtype.type in EXACT_DTYPES:  # mixed ones too, as
+        return np.matmul(a.astype(np.int64), b.astype(np.int64))  # the chain accepts them
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
-    if a.dtype.type in EXACT_DTYPES:
-        return np.matmul(a.astype(np.int64), b.astype(np.int64))
     if a.dtype.type not in FLOAT_DTYPES:
         raise ValueError(f"unsupported operand dtype {a.dtype}")
     if a.ndim == 2:

@@ -32,6 +32,16 @@ def test_exact_matmul_is_exact():
     assert c.tolist() == expected
 
 
+def test_exact_jobs_may_mix_integer_types():
+    """The chain accepts an int8 A with an int16 B; the product is still exact."""
+    rng = np.random.default_rng(2)
+    a = rng.integers(-128, 128, size=(2, 5, 3)).astype(np.int8)
+    b = rng.integers(-2**15, 2**15, size=(3, 4)).astype(np.int16)
+    expected = [[[sum(int(a[z, i, t]) * int(b[t, j]) for t in range(3)) for j in range(4)]
+                 for i in range(5)] for z in range(2)]
+    assert compute.matmul(a, b).tolist() == expected
+
+
 @pytest.mark.parametrize("a_shape,b_shape,match", [
     ((2, 3), (4, 5), "shapes do not match"),
     ((2, 3, 4), (3, 4, 5), "shapes do not match"),
