@@ -134,8 +134,8 @@ def parse_log_filter(criteria) -> tuple[set[str] | None, list[set[str] | None]]:
         name = f"topics[{i}]"
         if topic is None:
             topic_sets.append(None)
-        elif isinstance(topic, list):
-            topic_sets.append({d(parse_hash(t, name)) for t in topic})
+        elif isinstance(topic, list):  # any of these; an empty list matches any (as geth)
+            topic_sets.append({d(parse_hash(t, name)) for t in topic} or None)
         else:
             topic_sets.append({d(parse_hash(topic, name))})
     return wanted, topic_sets
@@ -418,6 +418,8 @@ class Rpc:
             return header.block_number, header.block_number
         first = self.header_at(criteria.get("fromBlock", "latest")).block_number
         last = self.header_at(criteria.get("toBlock", "latest")).block_number
+        if first > last:
+            raise invalid_params(f"fromBlock {first} is after toBlock {last}")
         if last - first > 10_000:
             raise RpcError(-32005, "query spans more than 10000 blocks; narrow the range")
         return first, last

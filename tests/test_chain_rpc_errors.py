@@ -10,6 +10,7 @@ from eth_hash.auto import keccak
 from web3 import HTTPProvider, Web3
 from web3.exceptions import Web3RPCError
 
+from chain.client import ChainClient
 from chain.devnet import dev_accounts
 from chain.node import Node, NodeConfig
 from chain.params import CHAIN_ID
@@ -164,6 +165,15 @@ def test_well_formed_params_of_missing_things_still_answer(node):
     logs = rpc(node, "eth_getLogs", {"address": [MARKET.lower()], "fromBlock": "0x0",
                                      "topics": [MISSING_HASH]})
     assert logs["result"] == []
+    client = ChainClient(node.url, dev_accounts(9)[8].key)  # a log to match: a registration
+    client.send(client.market.functions.register(), value=10**18)
+    client.close()
+    head = int(rpc(node, "eth_blockNumber")["result"], 16)
+    everything = {"address": [MARKET.lower()], "fromBlock": "0x0", "toBlock": hex(head)}
+    any_topic = rpc(node, "eth_getLogs", {**everything, "topics": [[]]})["result"]
+    assert any_topic and any_topic == rpc(node, "eth_getLogs", everything)["result"]  # [] is any
+    backwards = rpc(node, "eth_getLogs", {"fromBlock": hex(head), "toBlock": "0x0"})
+    assert backwards["error"]["code"] == -32602 and "fromBlock" in backwards["error"]["message"]
     history = rpc(node, "eth_feeHistory", "0x2", "latest", [0, 50, 50, 100])["result"]
     assert len(history["reward"]) == len(history["gasUsedRatio"])
     assert all(len(rewards) == 4 for rewards in history["reward"])
