@@ -42,6 +42,52 @@ def test_exact_jobs_may_mix_integer_types():
     assert compute.matmul(a, b).tolist() == expected
 
 
+def _extreme_ints(rng, shape, dtype, bits=None):
+    """Random integers of dtype (at most `bits` wide), with the type's (or width's) extremes
+    planted, so every exactness bound is met with equality somewhere."""
+    info = np.iinfo(dtype)
+    low, high = (info.min, info.max) if bits is None else (-(1 << bits), (1 << bits) - 1)
+    x = rng.integers(low, high, size=shape, endpoint=True, dtype=np.int64)
+    x.flat[rng.integers(0, x.size, size=max(1, x.size // 8))] = low
+    x.flat[rng.integers(0, x.size, size=max(1, x.size // 8))] = high
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("da,db,bits,m,k,n", [
+    (np.int8, np.int8, None, 5, 3000, 4),     # float32 in 3 inner slices, summed in float64
+    (np.int8, np.int8, None, 3, 1024, 2),     # one slice: 1024 * 128 * 128 = 2^24 exactly
+    (np.int8, np.int16, None, 4, 700, 3),     # float64, one product
+    (np.int16, np.int16, None, 2, 300, 5),
+    (np.int32, np.int32, 22, 3, 1300, 2),     # float64 in 3 slices, summed in int64
+    (np.int32, np.int32, None, 4, 50, 3),     # both 31-bit: cut into limbs
+    (np.int64, np.int8, 50, 3, 40, 4),        # one side cut
+    (np.int64, np.int64, None, 3, 17, 2),     # full range: numpy's product wraps mod 2^64
+    (np.int16, np.int64, 62, 2, 9, 3),
+])
+def test_exact_matmul_equals_numpy_int64(da, db, bits, m, k, n):
+    """The float-BLAS exact product against numpy's integer matmul (an independent loop,
+    wrapping mod 2^64 the same way where the true product overflows int64)."""
+    rng = np.random.default_rng([m, k, n])
+    a, b = _extreme_ints(rng, (m, k), da, bits), _extreme_ints(rng, (k, n), db, bits)
+    c = compute.exact_matmul(a, b)
+    assert c.dtype == np.int64
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((3, 4, 1100), (1100, 2)),
+                                             ((2, 3, 1100), (2, 1100, 5)),
+                                             ((4, 0), (0, 3)), ((0, 5), (5, 2))])
+def test_exact_matmul_batched_and_empty(a_shape, b_shape):
+    rng = np.random.default_rng(7)
+    a = _extreme_ints(rng, a_shape, np.int8) if 0 not in a_shape else np.zeros(a_shape, np.int8)
+    b = _extreme_ints(rng, b_shape, np.int8) if 0 not in b_shape else np.zeros(b_shape, np.int8)
+    expected = a.astype(np.int64) @ b.astype(np.int64)
+    c = compute.matmul(a, b)
+    assert c.shape == expected.shape and c.dtype == np.int64
+    np.testing.assert_array_equal(c, expected)
+
+
 @pytest.mark.parametrize("a_shape,b_shape,match", [
     ((2, 3), (4, 5), "shapes do not match"),
     ((2, 3, 4), (3, 4, 5), "shapes do not match"),
