@@ -68,7 +68,7 @@ def matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
     if a.shape[-1] != b.shape[-2] or (b.ndim == 3 and a.shape[0] != b.shape[0]):
         raise ValueError(f"matmul shapes do not match: {a.shape} @ {b.shape}")
     if a.dtype.type in EXACT_DTYPES and b.dtype.type in EXACT_DTYPES:  # mixed ones too, as
-        return exact_matmul(a, b)  # the chain accepts them
+        return exact_matmul(a, b, device)  # the chain accepts them
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
     if a.dtype.type not in FLOAT_DTYPES:
@@ -83,19 +83,22 @@ FLOAT32_EXACT, FLOAT64_EXACT = 1 << 24, 1 << 53  # integers every float of the t
 MIN_CHUNK = 256  # inner-dimension slices narrower than this cost more in calls than flops
 
 
-def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def exact_matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
     """A @ B of integer arrays as int64, equal to numpy's int64 matmul (wrapping mod 2^64
     where that overflows), through float BLAS. Each float product covers an inner slice of
     `chunk` terms with chunk * max|A piece| * max|B piece| within the float type's exact
     integers, so every partial sum, in any order, is exact. Operands too large for that are
-    cut into signed limbs first; the pieces are recombined in wrapping 64-bit arithmetic."""
+    cut into signed limbs first; the pieces are recombined in wrapping 64-bit arithmetic.
+    The float32 products run on a needle `cuda` device when given one (its default matmul
+    is plain float32, never TF32); the float64 ones on the host."""
     k = a.shape[-1]
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     if k == 0 or 0 in shape:
         return np.zeros(shape, np.int64)
     bound_a, bound_b = _magnitude(a), _magnitude(b)
     if bound_a * bound_b * MIN_CHUNK <= FLOAT32_EXACT:  # int8-sized entries: float32 sgemm
-        return _chunked(a, b, np.float32, bound_a * bound_b)
+        gpu = device if getattr(device, "name", "") == "cuda" else None
+        return _chunked(a, b, np.float32, bound_a * bound_b, gpu)
     budget = (FLOAT64_EXACT // MIN_CHUNK).bit_length() - 1  # bits for both pieces together
     width_a, width_b = _limb_widths(bound_a.bit_length(), bound_b.bit_length(), budget)
     if width_a == width_b == 64:
@@ -144,18 +147,26 @@ def _limbs(x: np.ndarray, width: int):
         rest, shift = rest >> width, shift + width
 
 
-def _chunked(a: np.ndarray, b: np.ndarray, dtype, bound: int) -> np.ndarray:
+def _chunked(a: np.ndarray, b: np.ndarray, dtype, bound: int, device=None) -> np.ndarray:
     """A @ B as int64 for |A| |B| <= bound, from products of inner slices short enough to be
     exact in dtype, summed in float64 while the whole sum is exact there, else in int64."""
+    def product(x, y):
+        if device is None:
+            return np.matmul(x, y)
+        if x.ndim == 2:
+            return _matmul_2d(x, y, device)
+        ys = y if y.ndim == 3 else [y] * len(x)
+        return np.stack([_matmul_2d(u, v, device) for u, v in zip(x, ys, strict=True)])
+
     k = a.shape[-1]
     chunk = (FLOAT32_EXACT if dtype == np.float32 else FLOAT64_EXACT) // max(bound, 1)
     fa, fb = a.astype(dtype), b.astype(dtype)
     if chunk >= k:
-        return np.matmul(fa, fb).astype(np.int64)
+        return product(fa, fb).astype(np.int64)
     wide = np.float64 if k * bound <= FLOAT64_EXACT else np.int64
     total = None
     for start in range(0, k, chunk):
-        part = np.matmul(fa[..., start:start + chunk], fb[..., start:start + chunk, :])
+        part = product(fa[..., start:start + chunk], fb[..., start:start + chunk, :])
         if total is None:
             total = part.astype(wide)
         else:

@@ -78,12 +78,13 @@ def test_exact_matmul_equals_numpy_int64(da, db, bits, m, k, n):
 @pytest.mark.parametrize("a_shape,b_shape", [((3, 4, 1100), (1100, 2)),
                                              ((2, 3, 1100), (2, 1100, 5)),
                                              ((4, 0), (0, 3)), ((0, 5), (5, 2))])
-def test_exact_matmul_batched_and_empty(a_shape, b_shape):
+def test_exact_matmul_batched_and_empty(device, a_shape, b_shape):
+    """Through compute.matmul, so on a GPU machine the float32 slices run on needle's cuda."""
     rng = np.random.default_rng(7)
     a = _extreme_ints(rng, a_shape, np.int8) if 0 not in a_shape else np.zeros(a_shape, np.int8)
     b = _extreme_ints(rng, b_shape, np.int8) if 0 not in b_shape else np.zeros(b_shape, np.int8)
     expected = a.astype(np.int64) @ b.astype(np.int64)
-    c = compute.matmul(a, b)
+    c = compute.matmul(a, b, device)
     assert c.shape == expected.shape and c.dtype == np.int64
     np.testing.assert_array_equal(c, expected)
 
