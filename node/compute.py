@@ -150,28 +150,30 @@ def _limbs(x: np.ndarray, width: int):
 def _chunked(a: np.ndarray, b: np.ndarray, dtype, bound: int, device=None) -> np.ndarray:
     """A @ B as int64 for |A| |B| <= bound, from products of inner slices short enough to be
     exact in dtype, summed in float64 while the whole sum is exact there, else in int64."""
-    def product(x, y):
-        if device is None:
-            return np.matmul(x, y)
-        if x.ndim == 2:
-            return _matmul_2d(x, y, device)
-        ys = y if y.ndim == 3 else [y] * len(x)
-        return np.stack([_matmul_2d(u, v, device) for u, v in zip(x, ys, strict=True)])
-
     k = a.shape[-1]
     chunk = (FLOAT32_EXACT if dtype == np.float32 else FLOAT64_EXACT) // max(bound, 1)
     fa, fb = a.astype(dtype), b.astype(dtype)
+    if device is not None:  # operands go up once; each slice's product comes back
+        import needle as ndl
+
+        fa, fb = ndl.NDArray(fa, device=device), ndl.NDArray(fb, device=device)
     if chunk >= k:
-        return product(fa, fb).astype(np.int64)
+        return _result(fa @ fb).astype(np.int64)
     wide = np.float64 if k * bound <= FLOAT64_EXACT else np.int64
     total = None
     for start in range(0, k, chunk):
-        part = product(fa[..., start:start + chunk], fb[..., start:start + chunk, :])
+        inner = slice(start, start + chunk)
+        part = _result(fa[(slice(None),) * (fa.ndim - 1) + (inner,)]
+                       @ fb[(slice(None),) * (fb.ndim - 2) + (inner, slice(None))])
         if total is None:
             total = part.astype(wide)
         else:
             np.add(total, part if wide == np.float64 else part.astype(np.int64), out=total)
     return total.astype(np.int64, copy=False)
+
+
+def _result(x) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) else x.numpy()
 
 
 class OperandError(ValueError):

@@ -137,3 +137,18 @@ def test_operands_matching_their_declaration_pass(a, b, dims, exact):
 def test_operands_not_matching_their_declaration_are_rejected(a, b, dims, exact, match):
     with pytest.raises(compute.OperandError, match=match):
         compute.check_operands(a, b, dims, exact)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 2100), (2100, 4)), ((2, 3, 2100), (2100, 4)),
+                                             ((2, 3, 2100), (2, 2100, 5)), ((3, 90), (90, 2))])
+def test_exact_slices_on_a_needle_device(a_shape, b_shape):
+    """The device path of the float32 slices (taken on `cuda`), run here on needle's C++ cpu
+    backend: operands uploaded once, each inner slice's product read back and summed."""
+    ndl = pytest.importorskip("needle")
+    device = ndl.cpu()
+    if not device.enabled():
+        pytest.skip("needle's cpu backend is not built")
+    rng = np.random.default_rng(11)
+    a, b = _extreme_ints(rng, a_shape, np.int8), _extreme_ints(rng, b_shape, np.int8)
+    c = compute._chunked(a, b, np.float32, 128 * 128, device)
+    np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
