@@ -7,6 +7,7 @@ import inspect
 import itertools
 import json
 import math
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -84,11 +85,18 @@ def checksummed(address: bytes) -> str:
     return to_checksum_address(address)
 
 
+HEX_QUANTITY = re.compile(r"0x[0-9a-fA-F]+")
+
+
 def parse_quantity(value, name: str) -> int:
-    try:
-        number = int(value, 16) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise invalid_params(f"{name} must be a hex quantity, got {value!r}") from exc
+    """A 0x-prefixed hex string, or a JSON integer as some clients send; not a bool, a float
+    or bare hex (Python's int() would take all three, and underscores and spaces too)."""
+    if isinstance(value, str) and HEX_QUANTITY.fullmatch(value):
+        number = int(value, 16)
+    elif type(value) is int:
+        number = value
+    else:
+        raise invalid_params(f"{name} must be a hex quantity, got {value!r}")
     if not 0 <= number < UINT256_LIMIT:
         raise invalid_params(f"{name} must be between 0 and 2**256-1, got {value!r}")
     return number

@@ -127,6 +127,12 @@ BAD_PARAMS = [  # method, params, words the -32602 message names
     pytest.param("eth_newFilter", [{"topics": [None, ["0x12"]]}], ["topics[1]"],
                  id="short-topic-in-a-set"),
     pytest.param("eth_getBlockByNumber", ["zz", False], ["block"], id="bad-block-number"),
+    pytest.param("eth_getBlockByNumber", ["1f", False], ["block"], id="hex-without-0x"),
+    pytest.param("eth_getBlockByNumber", ["0x_1", False], ["block"], id="hex-underscore"),
+    pytest.param("eth_getBlockByNumber", [True, False], ["block"], id="bool-block-number"),
+    pytest.param("eth_getBlockByNumber", [1.5, False], ["block"], id="float-block-number"),
+    pytest.param("eth_feeHistory", [" 0x2", "latest", []], ["blockCount"],
+                 id="quantity-with-space"),
     pytest.param("eth_getBlockByHash", ["0x12", False], ["blockHash", "32 bytes"],
                  id="short-block-hash"),
     pytest.param("eth_getTransactionReceipt", ["0x12"], ["hash", "32 bytes"],
@@ -174,6 +180,8 @@ def test_well_formed_params_of_missing_things_still_answer(node):
     assert any_topic and any_topic == rpc(node, "eth_getLogs", everything)["result"]  # [] is any
     backwards = rpc(node, "eth_getLogs", {"fromBlock": hex(head), "toBlock": "0x0"})
     assert backwards["error"]["code"] == -32602 and "fromBlock" in backwards["error"]["message"]
+    as_int = rpc(node, "eth_getBlockByNumber", 0, False)["result"]  # a JSON integer, as
+    assert as_int == rpc(node, "eth_getBlockByNumber", "0x0", False)["result"]  # some send
     history = rpc(node, "eth_feeHistory", "0x2", "latest", [0, 50, 50, 100])["result"]
     assert len(history["reward"]) == len(history["gasUsedRatio"])
     assert all(len(rewards) == 4 for rewards in history["reward"])
