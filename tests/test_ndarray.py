@@ -1,6 +1,7 @@
 """NDArray against numpy: view semantics (no copies), compaction, setitem, math, reductions."""
 
 import operator
+import warnings
 
 import numpy as np
 import pytest
@@ -344,3 +345,19 @@ def test_setitem_from_an_overlapping_view_of_the_same_buffer(device):
     expected = x[::-1].copy()
     expected[:, 1:] = expected[:, :-1].copy()
     np.testing.assert_array_equal(a.numpy(), expected)
+
+
+def test_special_values_follow_ieee_without_warnings(device):
+    """log(0), x/0, overflowing products and sums give numpy's IEEE values on every backend,
+    quietly (the numpy backend used to emit RuntimeWarnings where the C++ ones did not)."""
+    x = np.array([0.0, -1.0, 3e38, -3e38, 2.0], dtype=np.float32)
+    a = nd(x, device)
+    with np.errstate(all="ignore"):
+        expected = [np.log(x), x / np.float32(0), x * x, np.sqrt(x), np.exp(x * 100),
+                    x + x, np.sum(x[2:3].repeat(2))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = [a.log(), a / 0.0, a * a, a ** 0.5, (a * 100.0).exp(), a + a,
+               nd(x[2:3].repeat(2), device).sum()]
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g.numpy(), e, rtol=1e-6)

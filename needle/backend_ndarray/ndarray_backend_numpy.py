@@ -79,7 +79,8 @@ def scalar_setitem(size: int, val: float, out: Array, shape, strides, offset: in
 def _ewise(fn):
     def op(a: Array, b: Array, out: Array) -> None:
         _check_sizes(out, a, b)
-        fn(a.array, b.array, out=out.array)
+        with np.errstate(all="ignore"):  # inf and NaN as IEEE gives them, as the C++ does
+            fn(a.array, b.array, out=out.array)
 
     op.__name__ = fn.__name__
     return op
@@ -88,7 +89,8 @@ def _ewise(fn):
 def _scalar(fn):
     def op(a: Array, val: float, out: Array) -> None:
         _check_sizes(out, a)
-        fn(a.array, np.float32(val), out=out.array)
+        with np.errstate(all="ignore"):
+            fn(a.array, np.float32(val), out=out.array)
 
     op.__name__ = fn.__name__
     return op
@@ -97,7 +99,8 @@ def _scalar(fn):
 def _unary(fn):
     def op(a: Array, out: Array) -> None:
         _check_sizes(out, a)
-        fn(a.array, out=out.array)
+        with np.errstate(all="ignore"):
+            fn(a.array, out=out.array)
 
     op.__name__ = fn.__name__
     return op
@@ -152,10 +155,11 @@ def _groups(a: Array, out: Array, reduce_size: int) -> np.ndarray:
 
 def reduce_sum(a: Array, out: Array, reduce_size: int) -> None:
     groups = _groups(a, out, reduce_size)
-    if reduce_size <= 256:  # numpy's sum is slow on many short rows; a BLAS gemv is not
-        np.matmul(groups, np.ones(reduce_size, dtype=np.float32), out=out.array)
-    else:  # long rows: numpy's pairwise summation, more accurate than one running sum
-        np.sum(groups, axis=1, out=out.array)
+    with np.errstate(all="ignore"):  # a float32 overflow is inf, silently, as in C++
+        if reduce_size <= 256:  # numpy's sum is slow on many short rows; a BLAS gemv is not
+            np.matmul(groups, np.ones(reduce_size, dtype=np.float32), out=out.array)
+        else:  # long rows: numpy's pairwise summation, more accurate than one running sum
+            np.sum(groups, axis=1, out=out.array)
 
 
 def reduce_max(a: Array, out: Array, reduce_size: int) -> None:
