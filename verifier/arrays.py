@@ -17,19 +17,29 @@ def module_of(*arrays) -> ModuleType:
         return np
     if not all(on_gpu):
         raise TypeError("A, B and C must all be on the host or all on the GPU")
-    import cupy  # imported lazily: only device data needs it
-
+    try:
+        import cupy  # imported lazily: only device data needs it
+    except ImportError as err:
+        raise ImportError("A, B and C are device arrays (__cuda_array_interface__); checking "
+                          "them needs CuPy, which is not installed") from err
     return cupy
 
 
 def as_array(xp: ModuleType, x, name: str):
-    """The input itself when it already is an array of xp (never a copy)."""
+    """The input itself when it already is an array of xp (never a copy). A host subclass
+    (a masked array, np.matrix) is viewed as a plain ndarray, also without a copy: its
+    reductions and operators (a mask hiding NaN or huge entries from max and isfinite)
+    would otherwise change the verdict, and the data is what is checked."""
     if isinstance(x, xp.ndarray):
-        return x
+        return x if xp is not np or type(x) is np.ndarray else np.asarray(x)
     try:
-        return xp.asarray(x)
+        array = xp.asarray(x)
     except Exception as err:
         raise TypeError(f"{name} is not an array: {err}") from err
+    if array.dtype.kind in "OSUV":  # None, a str, a dict, nested lists of huge ints
+        raise TypeError(f"{name} is not a numeric array: got {type(x).__name__} "
+                        f"(converts to dtype {array.dtype})")
+    return array
 
 
 def products(xp: ModuleType, M, W, v, dtype, over: tuple[int, np.ndarray] | None = None):

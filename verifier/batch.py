@@ -36,9 +36,7 @@ def verify(A, B, C, *, precision: str = "fp32", rounds: int | None = None,
         known = plans.get(_device_key(A, B, C, rounds, precision))
         if known is not None:
             return known.verify(A, B, C, as_seed(seed))
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    rounds = _rounds(precision, rounds)
+    rounds = _rounds(_precision(precision), rounds)
     seed = as_seed(seed)
     xp = module_of(A, B, C)
     A, B, C = (as_array(xp, x, name) for x, name in ((A, "A"), (B, "B"), (C, "C")))
@@ -50,14 +48,32 @@ def verify(A, B, C, *, precision: str = "fp32", rounds: int | None = None,
 
 def verify_many(triples: Iterable, *, precision: str = "fp32", rounds: int | None = None,
                 seed: bytes | None = None) -> list[VerifyResult]:
-    """One result per (A, B, C) triple; triple i uses the child seed derive_seed(seed, i)."""
+    """One result per (A, B, C) triple; triple i uses the child seed derive_seed(seed, i).
+    A bad argument or triple raises naming the triple (an empty batch still checks the
+    arguments, so a misspelt precision is not found only once work arrives)."""
+    _rounds(_precision(precision), rounds)
     seed = as_seed(seed)
     results = []
     for i, triple in enumerate(triples):
-        A, B, C = triple
+        try:
+            A, B, C = triple
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"triple {i} must be (A, B, C): {err}") from None
         child = derive_seed(seed, i.to_bytes(8, "big"))
-        results.append(verify(A, B, C, precision=precision, rounds=rounds, seed=child))
+        try:
+            results.append(verify(A, B, C, precision=precision, rounds=rounds, seed=child))
+        except (TypeError, ValueError) as err:  # the plain type: a subclass's signature varies
+            kind = ValueError if isinstance(err, ValueError) else TypeError
+            raise kind(f"triple {i}: {err}") from err
     return results
+
+
+def _precision(precision) -> str:
+    """precision itself, if it names a class (a non-str, e.g. an array, is refused here
+    rather than by a failed comparison or dict lookup further in)."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
 
 
 def _rounds(precision: str, rounds: int | None) -> int:
@@ -85,6 +101,8 @@ def _shapes(A, B, C) -> tuple[tuple[int, ...], int, int, int]:
     if C.shape != (*batch, m, n):
         raise ValueError(f"C has shape {C.shape}, but A {A.shape} @ B {B.shape} has shape "
                          f"{(*batch, m, n)}")
+    if 0 in batch:  # an empty batch is refused like an empty matrix, not passed vacuously
+        raise ValueError(f"batch dimensions must be at least 1, got A {A.shape}, B {B.shape}")
     if min(m, k, n) == 0 or max(m, k, n) > MAX_DIM:
         raise ValueError(f"matrix dimensions must be between 1 and {MAX_DIM}, got m={m}, "
                          f"k={k}, n={n}")
@@ -109,7 +127,7 @@ def _where(index: tuple[int, ...], row: int) -> str:
 def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision,
                   device_plan: bool = True) -> VerifyResult:
     for x, name in ((A, "A"), (B, "B"), (C, "C")):
-        if x.dtype != np.float32:
+        if x.dtype.kind != "f" or x.dtype.itemsize != 4:  # either byte order: '>f4' too
             raise TypeError(f"{precision} mode takes float32 A, B and C; {name} is {x.dtype}")
     if k >= floating.MAX_INNER:
         raise ValueError(f"inner dimension k={k} too large for a float32 error bound "
@@ -205,7 +223,8 @@ def _device_key(A, B, C, rounds: int | None, precision: str = "exact") -> tuple 
 
 def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
     for x, name in ((A, "A"), (B, "B"), (C, "C")):
-        if x.dtype.kind not in "iu" or x.dtype == np.uint64:
+        if x.dtype.kind not in "iu" or x.dtype.itemsize > 4 and x.dtype.kind == "u":
+            # uint64 in either byte order ('>u8' != np.uint64)
             raise TypeError(f"exact mode takes integer matrices ({EXACT_INPUTS}); "
                             f"{name} is {x.dtype}")
     bound_a, bound_b = exact.dtype_magnitude(A.dtype), exact.dtype_magnitude(B.dtype)
