@@ -3,7 +3,9 @@
 Keys are `model/<tensor name>` and `optimizer/<slot>.<parameter index>`; arrays only, so loading
 never unpickles anything.
 """
+import contextlib
 import os
+import secrets
 import zipfile
 
 import numpy as np
@@ -13,19 +15,38 @@ from needle.optim import Optimizer
 
 
 def save(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
-    """Write atomically: a crash mid-write leaves any previous checkpoint at path intact."""
+    """Write atomically: a crash mid-write leaves any previous checkpoint at path intact.
+
+    The bytes go to a temporary file of a name of its own beside `path` (so that savers
+    writing the same path at once, such as data-parallel ranks, never mix their bytes), are
+    synced to disk, then renamed over `path`; on any error the temporary file is removed.
+    """
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({f"optimizer/{k}": v for k, v in optimizer.state_dict().items()})
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot save {path}: folder {folder} does not exist")
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "xb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())  # else a power cut after the rename can leave an empty file
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
 
 
 def load(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
+    """Restore model (and optimizer) from `path`; on any error neither is changed."""
     try:
-        with np.load(path, allow_pickle=False) as f:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array
+            raise ValueError("an .npy array, not an .npz archive")
+        with loaded as f:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path}: not a readable needle checkpoint ({e})") from None
@@ -34,11 +55,18 @@ def load(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
         part, _, name = key.partition("/")
         if part not in parts or not name:
             raise ValueError(f"{path}: unexpected entry {key!r} in checkpoint")
+        if value.dtype.kind not in "biuf":
+            raise ValueError(f"{path}: entry {key!r} holds {value.dtype}, not numbers")
         parts[part][name] = value
     if not parts["model"]:
         raise ValueError(f"{path}: checkpoint holds no model state")
     if optimizer is not None and not parts["optimizer"]:
         raise ValueError(f"{path}: checkpoint holds no optimizer state")
+    previous = model.state_dict()
     model.load_state_dict(parts["model"])
     if optimizer is not None:
-        optimizer.load_state_dict(parts["optimizer"])
+        try:
+            optimizer.load_state_dict(parts["optimizer"])
+        except Exception:
+            model.load_state_dict(previous)  # the model alone must not move to the checkpoint
+            raise

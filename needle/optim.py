@@ -15,10 +15,31 @@ def _array(t: Tensor) -> NDArray:
     return t.realize_cached_data()
 
 
+def _require(values: dict, name: str, low: float, high: float = math.inf,
+             low_open: bool = False) -> None:
+    """values[name] must lie in [low, high) ((low, high) if low_open); NaN never does."""
+    value = values[name]
+    if not ((low < value if low_open else low <= value) and value < high):
+        interval = f"{'(' if low_open else '['}{low}, {high})"
+        raise ValueError(f"{name} must lie in {interval}, got {value}")
+
+
 class Optimizer:
     def __init__(self, params, lr: float):
+        if isinstance(params, Tensor):  # iterating a Tensor yields row copies, not parameters
+            raise TypeError("params must be an iterable of Tensors, not a single Tensor")
         self.params = list(params)
+        for i, p in enumerate(self.params):
+            if not isinstance(p, Tensor):
+                raise TypeError(f"params[{i}] is a {type(p).__name__}, not a Tensor")
+        if len({id(p) for p in self.params}) != len(self.params):
+            raise ValueError("params holds a parameter more than once; it would be updated twice")
         self.lr = lr
+
+    def _check_settings(self, values: dict) -> None:
+        """Raise ValueError for hyper-parameters the update rule cannot use (also for loaded
+        state, checked before it is applied)."""
+        _require(values, "lr", 0.0)
 
     def step(self) -> None:
         raise NotImplementedError
@@ -44,7 +65,10 @@ class Optimizer:
             if not index:
                 if not isinstance(getattr(self, slot, None), (int, float)):
                     raise KeyError(f"{type(self).__name__} has no setting {key!r}")
-                settings[slot] = type(getattr(self, slot))(value)
+                value = np.asarray(value)
+                if value.ndim != 0 or value.dtype.kind not in "iuf":
+                    raise ValueError(f"optimizer setting {key!r} is not a number: {value!r}")
+                settings[slot] = value.item()  # keeps int and float apart (t, lr)
                 continue
             if slot not in slots or not index.isdigit() or int(index) >= len(self.params):
                 raise KeyError(f"{type(self).__name__} state has no entry {key!r}")
@@ -55,8 +79,11 @@ class Optimizer:
                     f"parameter {index} has shape {tuple(param.shape)}"
                 )
             arrays.append((slots[slot], int(index), NDArray(value, device=param.device)))
+        self._check_settings({**vars(self), **settings})
         for name, value in settings.items():
             setattr(self, name, value)
+        for slot in slots.values():  # replaced, not merged: stale entries would skew the update
+            slot.clear()
         for slot, index, value in arrays:
             slot[index] = value
 
@@ -83,7 +110,13 @@ class SGD(Optimizer):
         super().__init__(params, lr)
         self.momentum = momentum
         self.weight_decay = weight_decay
+        self._check_settings(vars(self))
         self.u: dict[int, NDArray] = {}
+
+    def _check_settings(self, values: dict) -> None:
+        super()._check_settings(values)
+        _require(values, "momentum", 0.0, 1.0)  # at 1 the dampened buffer never moves from 0
+        _require(values, "weight_decay", 0.0)
 
     def _slots(self):
         return {"u": self.u}
@@ -112,8 +145,17 @@ class Adam(Optimizer):
         self.eps = eps
         self.weight_decay = weight_decay
         self.t = 0
+        self._check_settings(vars(self))
         self.m: dict[int, NDArray] = {}
         self.v: dict[int, NDArray] = {}
+
+    def _check_settings(self, values: dict) -> None:
+        super()._check_settings(values)
+        _require(values, "beta1", 0.0, 1.0)  # at 1 the bias correction divides by zero
+        _require(values, "beta2", 0.0, 1.0)
+        _require(values, "eps", 0.0, low_open=True)  # 0 makes a zero gradient 0/0 = NaN
+        _require(values, "weight_decay", 0.0)
+        _require(values, "t", 0)
 
     def _slots(self):
         return {"m": self.m, "v": self.v}
@@ -142,6 +184,8 @@ class StepLR:
     """lr = base_lr * gamma ** (steps // step_size); call step() once per epoch (or batch)."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1):
+        if step_size < 1:
+            raise ValueError(f"step_size must be at least 1, got {step_size}")
         self.optimizer = optimizer
         self.step_size = step_size
         self.gamma = gamma
@@ -157,6 +201,8 @@ class CosineLR:
     """Cosine decay from base_lr to min_lr over total_steps calls of step(), then flat."""
 
     def __init__(self, optimizer: Optimizer, total_steps: int, min_lr: float = 0.0):
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be at least 1, got {total_steps}")
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.min_lr = min_lr
@@ -173,6 +219,8 @@ class CosineLR:
 def clip_grad_norm(params, max_norm: float) -> float:
     """Scale all gradients so that their joint L2 norm is at most max_norm; returns the norm
     before clipping."""
+    if not max_norm > 0:  # a negative bound would flip every gradient's sign
+        raise ValueError(f"max_norm must be positive, got {max_norm}")
     grads = [p for p in params if p.grad is not None]
     total = math.sqrt(sum(float((_array(p.grad) ** 2.0).sum().numpy()) for p in grads))
     if not math.isfinite(total):

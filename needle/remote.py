@@ -76,16 +76,30 @@ class Offload:
         its rows; otherwise leading dims are broadcast and flattened into the job's batch."""
         if b.ndim == 2:
             rows = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
-            c = self.executor.matmul(rows, np.ascontiguousarray(b))
-            return np.asarray(c, dtype=np.float32).reshape(a.shape[:-1] + (b.shape[-1],))
+            c = self._checked(self.executor.matmul(rows, np.ascontiguousarray(b)),
+                              (rows.shape[0], b.shape[-1]))
+            return c.reshape(a.shape[:-1] + (b.shape[-1],))
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a3 = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
         b3 = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+        shape = (a.shape[-2], b.shape[-1])
         if a3.shape[0] == 1:
             c = self.executor.matmul(np.ascontiguousarray(a3[0]), np.ascontiguousarray(b3[0]))
         else:
             c = self.executor.matmul(np.ascontiguousarray(a3), np.ascontiguousarray(b3))
-        return np.asarray(c, dtype=np.float32).reshape(lead + (a.shape[-2], b.shape[-1]))
+            shape = (a3.shape[0], *shape)
+        return self._checked(c, shape).reshape(lead + (a.shape[-2], b.shape[-1]))
+
+    def _checked(self, c, shape: tuple[int, ...]) -> np.ndarray:
+        """The executor's result as float32 of exactly `shape`: reshaping one of another
+        shape but the same size (a transposed product, say) would silently scramble it."""
+        c = np.asarray(c, dtype=np.float32)
+        if c.shape != tuple(shape):
+            raise ValueError(
+                f"offload executor {type(self.executor).__name__} returned an array of shape "
+                f"{c.shape} for a product of shape {tuple(shape)}"
+            )
+        return c
 
 
 _state = threading.local()
@@ -100,6 +114,10 @@ def active_offload() -> Offload | None:
 @contextlib.contextmanager
 def offload(executor: MatmulExecutor, min_flops: float = 0.0) -> Iterator[Offload]:
     """Within this block, MatMul ops of at least `min_flops` run on `executor`."""
+    if not callable(getattr(executor, "matmul", None)):  # else it fails at the first matmul
+        raise TypeError(f"executor {executor!r} has no matmul(a, b) method")
+    if not float(min_flops) >= 0:  # NaN would silently send every matmul remote
+        raise ValueError(f"min_flops must be a non-negative number, got {min_flops}")
     policy = Offload(executor, float(min_flops))
     stack = getattr(_state, "stack", None)
     if stack is None:

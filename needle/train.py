@@ -236,6 +236,18 @@ def plot_metrics(history: list[dict[str, float]], path: str) -> None:
     plt.close(fig)
 
 
+def _positive(kind: type):
+    """An argparse type for numbers above zero: 0 or fewer epochs, rows or clip bounds would
+    train nothing (or, for --clip, flip the gradients) without a word."""
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
+    return parse
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m needle.train", description=__doc__.split("\n")[0])
     p.add_argument("--data", choices=["digits", "mnist", "cifar10", "ptb"], default="digits")
@@ -243,22 +255,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="mlp",
                    choices=["mlp", "small-resnet", "resnet9", "resnet18", "lstm", "transformer"])
     p.add_argument("--device", choices=list(DEVICES), default="cpu")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=_positive(int), default=5)
+    p.add_argument("--batch-size", type=_positive(int), default=64)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--schedule", choices=["none", "step", "cosine"], default="none")
-    p.add_argument("--clip", type=float, help="clip the gradient norm to this value")
-    p.add_argument("--bptt", type=int, default=20, help="language models: window length")
-    p.add_argument("--max-lines", type=int, help="language models: read at most this many lines")
+    p.add_argument("--clip", type=_positive(float), help="clip the gradient norm to this value")
+    p.add_argument("--bptt", type=_positive(int), default=20, help="language models: window length")
+    p.add_argument("--max-lines", type=_positive(int),
+                   help="language models: read at most this many lines")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", help="write per-epoch metrics to this .csv or .json file")
     p.add_argument("--plot", help="write a PNG of the training curves to this file")
     p.add_argument("--save", help="write a checkpoint (model + optimizer) here after each epoch")
     p.add_argument("--resume", help="load a checkpoint (model + optimizer) before training")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag in ("save", "log", "plot"):  # fail now, not after the training they would record
+        path = getattr(args, flag)
+        if path and not os.path.isdir(folder := os.path.dirname(os.path.abspath(path))):
+            p.error(f"--{flag}: folder {folder} does not exist")
+    return args
 
 
 def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:

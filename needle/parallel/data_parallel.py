@@ -95,16 +95,20 @@ class DataParallel(Module):
         self.module = module
         self.comm = comm if comm is not None else Communicator()
         self.check_finite = check_finite
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
         params = module.parameters()
         self._check_same_architecture(params)
-        self._buckets = plan_buckets(params, int(bucket_mb * 2**20))
+        # rounded up: a tiny positive size (one bucket per parameter) must not become 0 bytes
+        self._buckets = plan_buckets(params, math.ceil(bucket_mb * 2**20))
         self._buffers = [self.comm.zeros(bucket.size) for bucket in self._buckets]
         self._place = {
             id(param): (k, offset)
             for k, bucket in enumerate(self._buckets)
             for param, offset in zip(bucket.params, bucket.offsets, strict=True)
         }
-        self._norms = [m for m in module.children() if isinstance(m, BatchNorm1d)]
+        # the wrapped module itself may be the BatchNorm: children() leaves it out
+        self._norms = [m for m in (module, *module.children()) if isinstance(m, BatchNorm1d)]
         self._stats = self.comm.zeros(2 * sum(m.dim for m in self._norms))
         self._sync: _Sync | None = None  # set while gradients are being synchronised
         if overlap:

@@ -2,9 +2,10 @@
 
     python -m needle.parallel.launch -n 2 train.py [script args...]
 
-is `mpiexec -n 2 <this python> train.py ...`, with the launcher found next to
-the running interpreter (the `mpich` wheel installs it there) or on PATH, in the
-environment `launch_env` gives.
+is `mpiexec -n 2 <this python> -m mpi4py train.py ...`, with the launcher found next
+to the running interpreter (the `mpich` wheel installs it there) or on PATH, in the
+environment `launch_env` gives. `-m mpi4py` aborts the whole job when a rank dies of an
+exception or a non-zero exit: without it the other ranks wait in their next collective forever.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def launch_command(nprocs: int, script: str, args: list[str]) -> list[str]:
     launcher = find_launcher()
     if launcher is None:
         raise FileNotFoundError("no MPI launcher (mpiexec/mpirun) next to python or on PATH")
-    return [launcher, "-n", str(nprocs), sys.executable, script, *args]
+    return [launcher, "-n", str(nprocs), sys.executable, "-m", "mpi4py", script, *args]
 
 
 def launch_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -63,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
-    return subprocess.call(launch_command(opts.nprocs, opts.script, opts.args), env=launch_env())
+    if not os.path.isfile(opts.script):  # else every rank fails to open it, N times over
+        parser.error(f"no script {opts.script}")
+    try:
+        command = launch_command(opts.nprocs, opts.script, opts.args)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    return subprocess.call(command, env=launch_env())
 
 
 if __name__ == "__main__":
