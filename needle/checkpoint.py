@@ -1,7 +1,7 @@
 """Save and load a model's state (and optionally its optimiser's) as one .npz file.
 
-Keys are `model/<tensor name>` and `optimizer/<slot>.<parameter index>`; arrays only, so loading
-never unpickles anything.
+Keys are `model/<tensor name>`, `optimizer/<slot>.<parameter index>` and, for a training
+loop's own counters, `train/<name>`; arrays only, so loading never unpickles anything.
 """
 import contextlib
 import os
@@ -14,7 +14,8 @@ from needle.nn import Module
 from needle.optim import Optimizer
 
 
-def save(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
+def save(path: str, model: Module, optimizer: Optimizer | None = None,
+         train: dict[str, np.ndarray] | None = None) -> None:
     """Write atomically: a crash mid-write leaves any previous checkpoint at path intact.
 
     The bytes go to a temporary file of a name of its own beside `path` (so that savers
@@ -24,6 +25,7 @@ def save(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({f"optimizer/{k}": v for k, v in optimizer.state_dict().items()})
+    arrays.update({f"train/{k}": np.asarray(v) for k, v in (train or {}).items()})
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot save {path}: folder {folder} does not exist")
@@ -40,8 +42,9 @@ def save(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
         raise
 
 
-def load(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
-    """Restore model (and optimizer) from `path`; on any error neither is changed."""
+def load(path: str, model: Module, optimizer: Optimizer | None = None) -> dict[str, np.ndarray]:
+    """Restore model (and optimizer) from `path`; on any error neither is changed. Returns
+    the `train` entries given to save() (empty for checkpoints written without them)."""
     try:
         loaded = np.load(path, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array
@@ -50,7 +53,7 @@ def load(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path}: not a readable needle checkpoint ({e})") from None
-    parts: dict[str, dict[str, np.ndarray]] = {"model": {}, "optimizer": {}}
+    parts: dict[str, dict[str, np.ndarray]] = {"model": {}, "optimizer": {}, "train": {}}
     for key, value in arrays.items():
         part, _, name = key.partition("/")
         if part not in parts or not name:
@@ -70,3 +73,4 @@ def load(path: str, model: Module, optimizer: Optimizer | None = None) -> None:
         except Exception:
             model.load_state_dict(previous)  # the model alone must not move to the checkpoint
             raise
+    return parts["train"]

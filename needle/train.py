@@ -255,7 +255,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="mlp",
                    choices=["mlp", "small-resnet", "resnet9", "resnet18", "lstm", "transformer"])
     p.add_argument("--device", choices=list(DEVICES), default="cpu")
-    p.add_argument("--epochs", type=_positive(int), default=5)
+    p.add_argument("--epochs", type=_positive(int), default=5,
+                   help="epochs in all; with --resume the checkpoint's count towards them")
     p.add_argument("--batch-size", type=_positive(int), default=64)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -270,7 +271,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log", help="write per-epoch metrics to this .csv or .json file")
     p.add_argument("--plot", help="write a PNG of the training curves to this file")
     p.add_argument("--save", help="write a checkpoint (model + optimizer) here after each epoch")
-    p.add_argument("--resume", help="load a checkpoint (model + optimizer) before training")
+    p.add_argument("--resume", help="go on from a --save checkpoint (model, optimizer, epochs "
+                   "done): the same command with --resume continues an interrupted run")
     args = p.parse_args(argv)
     for flag in ("save", "log", "plot"):  # fail now, not after the training they would record
         path = getattr(args, flag)
@@ -321,11 +323,20 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
             return run_epoch(model, loader, loss_fn, optimizer, args.clip, desc, stream)
 
     optimizer = build_optimizer(args, model.parameters())
+    schedule = build_schedule(args, optimizer)  # from --lr, before a checkpoint's lr is loaded
+    done = 0
     if args.resume:
-        checkpoint.load(args.resume, model, optimizer)
-    schedule = build_schedule(args, optimizer)
+        done = int(checkpoint.load(args.resume, model, optimizer).get("epochs", 0))
+        if done >= args.epochs:
+            print(f"{args.resume} already holds {done} epochs (--epochs {args.epochs}): "
+                  f"nothing to train", file=stream)
+        for _ in range(done if schedule else 0):  # the lr the uninterrupted run would have
+            schedule.step()
     history = []
-    for n in range(1, args.epochs + 1):
+    for n in range(done + 1, args.epochs + 1):
+        np.random.seed([args.seed, n])  # each epoch's randomness from (seed, epoch) alone, so
+        if not language:                # that a resumed run repeats the uninterrupted one
+            loaders[True].reseed([args.seed, n])
         train = epoch(optimizer, f"epoch {n}/{args.epochs} train")
         test = epoch(None, f"epoch {n}/{args.epochs} test ")
         history.append({"epoch": n, "lr": optimizer.lr,
@@ -334,10 +345,10 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
         if schedule:
             schedule.step()
         if args.save:
-            checkpoint.save(args.save, model, optimizer)
+            checkpoint.save(args.save, model, optimizer, train={"epochs": np.int64(n)})
         if args.log:
             write_metrics(history, args.log)
-    if args.plot:
+    if args.plot and history:
         plot_metrics(history, args.plot)
     return history
 

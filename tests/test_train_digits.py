@@ -94,11 +94,35 @@ def test_cli_trains_logs_plots_checkpoints_and_resumes(tmp_path, capsys):
     progress = capsys.readouterr().err
     assert "epoch 2/2 train [" in progress and "samples/s" in progress and "acc" in progress
 
-    resumed = main(args[:-6] + ["--epochs", "1", "--resume", ckpt, "--log", log_json])
+    resumed = main(args[:-6] + ["--epochs", "3", "--resume", ckpt, "--log", log_json])
+    assert [row["epoch"] for row in resumed] == [3]  # the checkpoint's 2 epochs count
     with open(log_json) as f:
         assert json.load(f) == resumed
     # the resumed model starts where the checkpoint left off, far better than from scratch
     assert resumed[0]["train_loss"] < history[0]["train_loss"]
+    assert main(args[:-6] + ["--epochs", "2", "--resume", ckpt]) == []  # nothing left to do
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "step"])
+def test_resumed_cli_run_repeats_the_uninterrupted_one(tmp_path, schedule):
+    """A run stopped after epoch 1 and resumed with the same command is the same run: the
+    same lr per epoch, the same shuffles, and bit-identical metrics and weights."""
+    common = ["--data", "digits", "--model", "mlp", "--lr", "3e-3", "--schedule", schedule,
+              "--optimizer", "sgd", "--momentum", "0.9", "--seed", "3"]
+    whole, first, rest = (str(tmp_path / name) for name in ("whole.npz", "1.npz", "rest.npz"))
+    uninterrupted = main(common + ["--epochs", "3", "--save", whole])
+    stopped = main(common + ["--epochs", "1", "--save", first])
+    os.replace(first, rest)
+    resumed = main(common + ["--epochs", "3", "--resume", rest, "--save", rest])
+
+    def numbers(rows):  # all but the throughput
+        return [{k: v for k, v in row.items() if not k.endswith("_per_s")} for row in rows]
+    assert numbers(stopped) == numbers(uninterrupted[:1])
+    assert numbers(resumed) == numbers(uninterrupted[1:])  # lr, losses, accuracies: exactly
+    with np.load(whole) as a, np.load(rest) as b:
+        assert sorted(a.files) == sorted(b.files)
+        for key in a.files:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def test_cli_rejects_bad_combinations():
@@ -107,7 +131,7 @@ def test_cli_rejects_bad_combinations():
     with pytest.raises(ValueError, match="needs --data-dir"):
         main(["--data", "mnist", "--model", "mlp"])
     with pytest.raises(FloatingPointError, match="loss is nan at batch"):
-        main(["--data", "digits", "--model", "mlp", "--optimizer", "sgd", "--lr", "1e9"])
+        main(["--data", "digits", "--model", "mlp", "--optimizer", "sgd", "--lr", "1e30"])
 
 
 def test_cli_trains_from_mnist_and_cifar10_files(tmp_path):

@@ -75,6 +75,11 @@ class DataLoader:
         self.dtype = dtype
         self.rng = np.random if seed is None else np.random.default_rng(seed)
 
+    def reseed(self, seed) -> None:
+        """Shuffle from a generator seeded by `seed` from now on: a training loop that reseeds
+        every epoch with (seed, epoch) shuffles a resumed run as it did the uninterrupted one."""
+        self.rng = np.random.default_rng(seed)
+
     def __len__(self) -> int:
         n, b = len(self.dataset), self.batch_size
         return n // b if self.drop_last else -(-n // b)
