@@ -41,6 +41,11 @@ HASH_THREAD_BYTES = 8 << 20  # downloads from this size are hashed on a second t
 HASH_STEP = 1 << 20  # ... in steps of this size (measured: a gain at 16 MiB, a loss at 4)
 HASH_THREADS = 8  # streamed uploads hashed at once (put_arrays runs up to 8 uploads)
 SEND_STEP = 1 << 20  # a streamed upload checks between sends whether the store has the blob
+BODY_TIMEOUT = 120.0  # an upload whose next body bytes take longer is dropped (408)
+DRAIN_LIMIT = 1 << 30  # the unread body of a refused upload is read and dropped up to this
+# much (so the client, which sends its whole body before reading, gets the reply)
+ALLOWED = b"GET, HEAD, PUT"  # the methods of /blobs/0x<id> (405's Allow; POST is /blobs/'s)
+CLOSE = ((b"connection", b"close"),)
 
 
 class BlobError(ValueError):
@@ -151,6 +156,27 @@ class BatchReceiver:
             writer.abort()
 
 
+def declared_length(scope) -> int | None:
+    """A request's Content-Length; None if it has none (chunked, or no body)."""
+    declared = dict(scope["headers"]).get(b"content-length")
+    return None if declared is None else int(declared)  # uvicorn refuses a non-number
+
+
+def unframed(scope) -> bool:
+    """An upload with neither Content-Length nor Transfer-Encoding: in HTTP/1.1 its body is
+    empty, which would be refused as a blob of 0 bytes, not for what is wrong (411)."""
+    names = {name for name, _ in scope["headers"]}
+    return scope["method"] in ("PUT", "POST") and not \
+        {b"content-length", b"transfer-encoding"} & names
+
+
+def unbounded(declared: int | None) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers of a refusal sent before the body is read: uvicorn reads and drops the rest
+    of a body, so a chunked one or one over `DRAIN_LIMIT` (which may never end) closes the
+    connection instead."""
+    return CLOSE if declared is None or declared > DRAIN_LIMIT else ()
+
+
 def commit_reply(store: BlobStore, uploads: list[tuple[BlobWriter, bytes]], batch: bool
                  ) -> tuple[int, dict]:
     """Commit received uploads (blocks on the disk); the reply to `PUT` (`batch` false: one
@@ -169,23 +195,89 @@ def not_found(id_: bytes) -> dict:
     return {"error": f"blob 0x{id_.hex()} not found"}
 
 
-class BlobApp:
-    """`PUT/GET/HEAD <mount>/0x<id>` and `POST <mount>` over a BlobStore (ASGI), on the
-    node's main port (`chain/blobserver.py` serves the same on a port of its own, faster)."""
+def blob_route(path: str) -> str | None:
+    """What a request path names: "" the mount (`/blobs/`: batch uploads), a blob id as
+    written (`/blobs/0x<id>`), or None, no route: a nested path (`/blobs/x/0x<id>`,
+    `/blobs/../0x<id>`) would be one more spelling of a blob's URL. Empty segments are
+    skipped (a base URL given with a trailing slash)."""
+    segments = [segment for segment in path.split("/") if segment]
+    if not segments or segments[0] != "blobs" or len(segments) > 2:
+        return None
+    return segments[1] if len(segments) == 2 else ""
 
-    def __init__(self, store: BlobStore) -> None:
+
+class UploadStalled(Exception):
+    """No body bytes for the server's body timeout: the upload is dropped (408)."""
+
+
+class BodyWatch:
+    """Raises UploadStalled in the task reading an upload's body once a receive has waited
+    `timeout` s: one timer per upload, moved on lazily (asyncio.wait_for around every body
+    message cost ~35 us of event loop each, against ~2 for the receive itself)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.waiting_since: float | None = None
+        self.stalled = False
+        self.timer = self.loop.call_later(timeout, self._check)
+
+    async def receive(self, receive) -> dict:
+        self.waiting_since = self.loop.time()
+        try:
+            return await receive()
+        except asyncio.CancelledError:
+            if not self.stalled:
+                raise
+            if hasattr(self.task, "uncancel"):  # Python 3.11+: this cancel is handled here
+                self.task.uncancel()
+            raise UploadStalled(f"no body bytes for {self.timeout:g} s: upload dropped"
+                                ) from None
+        finally:
+            self.waiting_since = None
+
+    def _check(self) -> None:
+        since, now = self.waiting_since, self.loop.time()
+        idle = 0.0 if since is None else now - since  # only a wait on the client counts
+        if idle >= self.timeout:
+            self.stalled = True
+            self.task.cancel()
+        else:
+            self.timer = self.loop.call_later(self.timeout - idle, self._check)
+
+    def close(self) -> None:
+        self.timer.cancel()
+
+
+class BlobApp:
+    """`PUT/GET/HEAD /blobs/0x<id>` and `POST /blobs` over a BlobStore (ASGI), on the node's
+    main port (`chain/blobserver.py` serves the same on a port of its own, faster). uvicorn
+    bounds no request body in time: a client that stops mid-upload without closing would hold
+    its temp file and connection for good, so a wait for body bytes ends after `body_timeout` s."""
+
+    def __init__(self, store: BlobStore, body_timeout: float = BODY_TIMEOUT) -> None:
         self.store = store
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
         method = scope["method"]
-        last = scope["path"].rstrip("/").rsplit("/", 1)[-1]
-        if method == "POST" and last in ("", "blobs"):  # the mount itself
+        name = blob_route(scope["path"])
+        if name is None:
+            await json_reply(send, 404, {"error": f"no route {scope['path'][:100]}"},
+                             head=method == "HEAD")
+            return
+        if unframed(scope):
+            await json_reply(send, 411, {"error": "an upload needs Content-Length"},
+                             headers=CLOSE)
+            return
+        if method == "POST" and name == "":
             await self._post_batch(scope, receive, send)
             return
         try:
-            id_ = parse_id(last)
+            id_ = parse_id(name)
         except ValueError as exc:
             await json_reply(send, 400, {"error": str(exc)}, head=method == "HEAD")
             return
@@ -194,19 +286,21 @@ class BlobApp:
         elif method in ("GET", "HEAD"):
             await self._get(id_, send, head=method == "HEAD")
         else:
-            await json_reply(send, 405, {"error": f"method {method} not allowed on blobs"})
+            await json_reply(send, 405, {"error": f"method {method} not allowed on blobs"},
+                             headers=((b"allow", ALLOWED),))
 
     async def _put(self, id_: bytes, scope, receive, send) -> None:
-        declared = dict(scope["headers"]).get(b"content-length")
+        declared = declared_length(scope)
         try:
-            writer = self.store.writer(int(declared) if declared else None)
+            writer = self.store.writer(declared)
         except BlobTooLarge as exc:
-            await json_reply(send, 413, {"error": str(exc)})
+            await json_reply(send, 413, {"error": str(exc)}, headers=unbounded(declared))
             return
+        watch = BodyWatch(self.body_timeout)
         try:
             more = True
             while more:
-                message = await receive()
+                message = await watch.receive(receive)
                 if message["type"] == "http.disconnect":
                     writer.abort()
                     return
@@ -214,12 +308,18 @@ class BlobApp:
                 more = message.get("more_body", False)
                 while (step := writer.lagging()) is not None:
                     await asyncio.wrap_future(step)  # the disk or the hash is behind
-        except BlobTooLarge as exc:
-            await json_reply(send, 413, {"error": str(exc)})
+        except BlobTooLarge as exc:  # the writer dropped the upload
+            await json_reply(send, 413, {"error": str(exc)}, headers=unbounded(declared))
+            return
+        except UploadStalled as exc:
+            writer.abort()
+            await json_reply(send, 408, {"error": str(exc)}, headers=CLOSE)
             return
         except BaseException:
             writer.abort()
             raise
+        finally:
+            watch.close()
         # fsync off the event loop: concurrent uploads then share the disk's flushes
         await json_reply(send, *await asyncio.to_thread(commit_reply, self.store,
                                                         [(writer, id_)], False))
@@ -227,18 +327,19 @@ class BlobApp:
     async def _post_batch(self, scope, receive, send) -> None:
         """`POST <mount>` (`BatchReceiver`). Replies the stored ids, or 400 naming each
         refused blob (the others are stored)."""
+        declared = declared_length(scope)
         batch = BatchReceiver(self.store)
-        declared = dict(scope["headers"]).get(b"content-length")
+        watch = BodyWatch(self.body_timeout)
         try:
-            if declared:
-                batch.check_declared(int(declared))
+            if declared is not None:
+                batch.check_declared(declared)
             more = True
             while more:
                 if batch.holds_too_much():
                     await asyncio.to_thread(batch.finish_held)
                 while (step := batch.lagging()) is not None:
                     await asyncio.wrap_future(step)  # a large blob's disk or hash is behind
-                message = await receive()
+                message = await watch.receive(receive)
                 if message["type"] == "http.disconnect":
                     batch.abort()
                     return
@@ -247,11 +348,17 @@ class BlobApp:
             uploads = batch.end()
         except ValueError as exc:
             batch.abort()
-            await json_reply(send, *batch.error(exc))
+            await json_reply(send, *batch.error(exc), headers=unbounded(declared))
+            return
+        except UploadStalled as exc:
+            batch.abort()
+            await json_reply(send, 408, {"error": str(exc)}, headers=CLOSE)
             return
         except BaseException:
             batch.abort()
             raise
+        finally:
+            watch.close()
         await json_reply(send, *await asyncio.to_thread(commit_reply, self.store, uploads, True))
 
     async def _get(self, id_: bytes, send, head: bool) -> None:
@@ -274,11 +381,13 @@ class BlobApp:
             await send({"type": "http.response.body", "body": b""})
 
 
-async def json_reply(send, status: int, body, head: bool = False) -> None:
+async def json_reply(send, status: int, body, head: bool = False,
+                     headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     """A whole JSON response (the node's blob routes, JSON-RPC and long polls)."""
     data = json.dumps(body, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+        *headers]})
     await send({"type": "http.response.body", "body": b"" if head else data})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import math
 import os
 import struct
 import tempfile
@@ -32,6 +33,7 @@ DTYPES: dict[int, np.dtype] = {
     4: np.dtype("<i8"),
 }
 DTYPE_CODES = {dt: code for code, dt in DTYPES.items()}
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 MAX_NDIM = 8
 DEFAULT_MAX_BLOB_BYTES = 256 << 20  # a node's limit unless `chain up --max-blob-mb` says
 PIPELINE_BYTES = 1 << 20  # an upload is hashed and written in steps of this size, on threads
@@ -77,7 +79,13 @@ def parse_header(prefix: bytes | bytearray | memoryview) -> tuple[np.dtype, tupl
 
 
 def check_size(dtype: np.dtype, shape: tuple[int, ...], data_bytes: int) -> None:
-    expected = dtype.itemsize * int(np.prod(shape, dtype=object))
+    """ValueError unless `data_bytes` fill `shape` exactly and numpy can hold the shape: a
+    zero dim makes the data empty whatever the other dims, so those are bounded as numpy
+    bounds them (size times itemsize, zeros counted as 1, within intp), else the store would
+    keep a blob that no reader can decode."""
+    if dtype.itemsize * math.prod(max(dim, 1) for dim in shape) > np.iinfo(np.intp).max:
+        raise ValueError(f"blob shape {shape} is too large for an array")
+    expected = dtype.itemsize * math.prod(shape)
     if data_bytes != expected:
         raise ValueError(f"blob data is {data_bytes} bytes but shape {shape} of {dtype} "
                          f"needs {expected}")
@@ -121,10 +129,10 @@ def parse_id(text_or_bytes: str | bytes) -> bytes:
         raw = bytes(text_or_bytes)
     else:
         text = text_or_bytes[2:] if text_or_bytes.startswith(("0x", "0X")) else text_or_bytes
-        try:
-            raw = bytes.fromhex(text)
-        except ValueError as exc:
-            raise ValueError(f"blob id {text_or_bytes!r} is not hex") from exc
+        # checked before bytes.fromhex, which skips whitespace: one id, one spelling
+        if not HEX_DIGITS.issuperset(text) or len(text) % 2:
+            raise ValueError(f"blob id {text_or_bytes[:80]!r} is not hex")
+        raw = bytes.fromhex(text)
     if len(raw) != 32:
         raise ValueError(f"blob id must be 32 bytes, got {len(raw)}")
     return raw
@@ -389,6 +397,9 @@ class BlobWriter:
                 raise ValueError(f"BLAKE3 of the body is 0x{self.digest.hexdigest()}, "
                                  f"not 0x{id_.hex()}")
             dtype, shape, offset = parse_header(self.prefix)
+            if any(self.prefix[HEADER.size - 2:HEADER.size]):
+                # refused here, not by parse_header: blobs stored before decode as they did
+                raise ValueError("blob header bytes 6-7 must be zero")
             check_size(dtype, shape, self.size - offset)
         except BaseException:
             self.abort()

@@ -32,7 +32,15 @@ from http import HTTPStatus
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
-from chain.blobhttp import FRAME_LENGTH, BatchReceiver, commit_reply, not_found
+from chain.blobhttp import (
+    ALLOWED,
+    DRAIN_LIMIT,
+    FRAME_LENGTH,
+    BatchReceiver,
+    blob_route,
+    commit_reply,
+    not_found,
+)
 from chain.blobs import BlobStore, BlobTooLarge, parse_id
 
 RECV_BYTES = 1 << 20  # an upload is received into pool buffers of this size
@@ -44,8 +52,6 @@ RECENT_BYTES = 256 << 20  # the latest large uploads kept in their receive buffe
 HEAD_LIMIT = 16 << 10  # request line and headers, at most
 MAX_CONNECTIONS = 256  # one thread each; more are answered 503
 IDLE_TIMEOUT = 120.0  # a connection silent this long (between or inside requests) is closed
-DRAIN_LIMIT = 1 << 30  # the unread body of a refused upload is read and dropped up to this
-# much (so the client, which sends its whole body before reading, gets the reply)
 
 
 class BadRequest(ValueError):
@@ -318,15 +324,18 @@ class _Request:
             name, colon, value = line.partition(":")
             if not colon:
                 raise BadRequest(f"bad header line {line[:100]!r}")
-            self.headers[name.strip().lower()] = value.strip()
+            name, value = name.strip().lower(), value.strip()
+            if name == "content-length" and self.headers.get(name, value) != value:
+                raise BadRequest("conflicting Content-Length headers")  # which body is it?
+            self.headers[name] = value
         if "transfer-encoding" in self.headers:
             raise BadRequest("chunked bodies are not supported: send Content-Length")
-        try:
-            self.length = int(self.headers.get("content-length", "0"))
-        except ValueError:
-            raise BadRequest("Content-Length is not a number") from None
-        if self.length < 0:
+        length = self.headers.get("content-length", "0")
+        if length.startswith("-") and length[1:].isdigit():
             raise BadRequest("Content-Length is negative")
+        if not (length.isascii() and length.isdigit()):  # int() takes "+5" and "1_0" too
+            raise BadRequest("Content-Length is not a number")
+        self.length = int(length)
         connection = self.headers.get("connection", "").lower()
         self.keep_alive = connection != "close" and (version != "HTTP/1.0"
                                                      or connection == "keep-alive")
@@ -425,20 +434,25 @@ class BlobServer:
         """Answer one request; False if the connection must close (its body unread)."""
         method, sock = request.method, stream.sock
         keep = request.keep_alive
-        if request.path.rstrip("/") != "/blobs" and not request.path.startswith("/blobs/"):
-            return self._refuse(stream, request, 404, {"error": f"no route {request.path}"})
-        last = request.path.rstrip("/").rsplit("/", 1)[-1]
-        if method == "POST" and last == "blobs":
+        name = blob_route(request.path)
+        if name is None:
+            return self._refuse(stream, request, 404, {"error": f"no route {request.path[:100]}"})
+        if method in ("PUT", "POST") and "content-length" not in request.headers:
+            # a body of 0 bytes would be refused as a blob, the bytes sent parsed as a request
+            _reply(sock, 411, {"error": "an upload needs Content-Length"}, False)
+            return False
+        if method == "POST" and name == "":
             return self._post(stream, request)
         try:
-            id_ = parse_id(last)
+            id_ = parse_id(name)
         except ValueError as exc:
             return self._refuse(stream, request, 400, {"error": str(exc)})
         if method == "PUT":
             return self._put(stream, request, id_)
         if method not in ("GET", "HEAD"):
             return self._refuse(stream, request, 405,
-                                {"error": f"method {method} not allowed on blobs"})
+                                {"error": f"method {method} not allowed on blobs"},
+                                extra=f"allow: {ALLOWED.decode()}\r\n")
         if request.length:
             stream.drain(request.length)
         if (blob := self.recent.open(id_)) is not None:
@@ -518,7 +532,7 @@ class BlobServer:
             self.pool.give(buffers)
 
     def _refuse(self, stream: _Stream, request: _Request, status: int, body: dict,
-                unread: int | None = None) -> bool:
+                unread: int | None = None, extra: str = "") -> bool:
         """Reply `status`, then read and drop the `unread` rest of the body (all of it by
         default) so that the connection stays usable; a client that waits for `100
         Continue` before sending the body is not sent it, and the connection closes."""
@@ -526,7 +540,7 @@ class BlobServer:
         waits = request.headers.get("expect", "").lower() == "100-continue" and \
             unread == request.length
         _reply(stream.sock, status, body, request.keep_alive and not waits,
-               head=request.method == "HEAD")
+               head=request.method == "HEAD", extra=extra)
         if waits:
             return False
         stream.drain(unread)
@@ -613,16 +627,18 @@ class BlobServer:
         return True
 
 
-def _head(status: int, content_type: str, length: int, keep_alive: bool) -> bytes:
+def _head(status: int, content_type: str, length: int, keep_alive: bool,
+          extra: str = "") -> bytes:
+    """A response's status line and headers (`extra`: more header lines, each with CRLF)."""
     return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: {content_type}\r\n"
-            f"content-length: {length}\r\n"
+            f"content-length: {length}\r\n" + extra
             + ("" if keep_alive else "connection: close\r\n") + "\r\n").encode("latin-1")
 
 
 def _reply(sock: socket.socket, status: int, body: dict, keep_alive: bool,
-           head: bool = False) -> None:
+           head: bool = False, extra: str = "") -> None:
     data = json.dumps(body, separators=(",", ":")).encode()
-    sock.sendall(_head(status, "application/json", len(data), keep_alive)
+    sock.sendall(_head(status, "application/json", len(data), keep_alive, extra)
                  + (b"" if head else data))
 
 

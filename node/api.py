@@ -32,9 +32,13 @@ def create_app(node: NodeView, admin_token: str | None) -> FastAPI:
     app = FastAPI(title="needle-net worker", version="0.1.0")
 
     def require_admin(authorization: str | None) -> None:
-        expected = f"Bearer {admin_token}" if admin_token else None
-        if expected is None or authorization is None or not secrets.compare_digest(
-            authorization.encode(), expected.encode()
+        """403 unless `authorization` is `Bearer <admin_token>`: the scheme in any case (HTTP
+        auth schemes are case-insensitive), the token compared in constant time."""
+        if not admin_token:
+            raise HTTPException(403, "admin routes are off: this node has no admin token")
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            token.strip().encode(), admin_token.encode()
         ):
             raise HTTPException(403, "admin token missing or wrong")
 
