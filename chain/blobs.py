@@ -155,6 +155,16 @@ class BlobStore:
     def path(self, id_: bytes | str) -> Path:
         return self.directory / parse_id(id_).hex()
 
+    def discard_partial_uploads(self) -> int:
+        """Delete the temp files of uploads that never committed (a process killed mid-upload
+        leaves them); the number deleted. Only for the store's one owner, before it serves:
+        another writer's upload in progress would be lost."""
+        count = 0
+        for tmp in self.directory.glob(".tmp-*"):
+            tmp.unlink(missing_ok=True)
+            count += 1
+        return count
+
     def put(self, data: bytes) -> bytes:
         """Store a blob after checking its size and format; returns its id."""
         writer = self.writer(len(data))

@@ -107,6 +107,8 @@ class Node:
         self.config = config
         self._data_dir_lock = lock_data_dir(config.data_dir)
         self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes)
+        if discarded := self.blobs.discard_partial_uploads():  # the data dir is ours alone
+            log.info("discarded %d partial blob uploads left by an earlier run", discarded)
         self.db = SqliteDB(config.data_dir / DATABASE_FILE)
         chain_class = build_chain_class(self.blobs, fast=config.fast_execution)
         base_db = AtomicDB(self.db)

@@ -328,7 +328,8 @@ def test_a_stalled_upload_on_the_listener_is_dropped(tmp_path, monkeypatch):
 
 def test_blobs_survive_a_restart_and_a_kill_mid_upload(tmp_path):
     """Acknowledged blobs (by either server, single and batched) come back bit for bit after
-    a stop and after a SIGKILL; an upload cut by the kill is no blob afterwards."""
+    a stop and after a SIGKILL; an upload cut by the kill is no blob afterwards, and its
+    temp file is gone once the node is back."""
     rng = np.random.default_rng(21)
     blobs = [encode_array(rng.standard_normal(n).astype(np.float32)) for n in (100, 300_000)]
     batch = [encode_array(np.arange(k, dtype=np.int16)) for k in (3, 4)]
@@ -352,9 +353,11 @@ def test_blobs_survive_a_restart_and_a_kill_mid_upload(tmp_path):
             while not any(f.startswith(".tmp") for f in files(proc.data_dir / "blobs")) and \
                     time.monotonic() < deadline:
                 time.sleep(0.01)
+            assert any(f.startswith(".tmp") for f in files(proc.data_dir / "blobs"))
             proc.proc.send_signal(signal.SIGKILL)
             proc.proc.wait(10)
         proc.start()
+        assert not any(f.startswith(".tmp") for f in files(proc.data_dir / "blobs"))
         for blob in blobs + batch:
             path = f"/blobs/0x{blake3.blake3(blob).hexdigest()}"
             for port in (listener, proc.port):
