@@ -8,7 +8,6 @@ import textwrap
 
 import numpy as np
 import pytest
-import torch
 
 import needle as ndl
 from needle import checkpoint, nn, optim, remote
@@ -208,11 +207,11 @@ def _needle_run(make_opt, W0, b0, X, T, steps):
     return [p.numpy() for p in (W, b, z, never)]
 
 
-def _torch_run(make_opt, W0, b0, X, T, steps):
+def _torch_run(torch, make_opt, W0, b0, X, T, steps):
     W, b = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (W0, b0))
     z = torch.ones(3, dtype=torch.float64, requires_grad=True)
     never = torch.ones(2, dtype=torch.float64, requires_grad=True)
-    opt = make_opt([W, b, z, never])
+    opt = make_opt(torch, [W, b, z, never])
     x, t = torch.tensor(X, dtype=torch.float64), torch.tensor(T, dtype=torch.float64)
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -224,20 +223,21 @@ def _torch_run(make_opt, W0, b0, X, T, steps):
 
 @pytest.mark.parametrize("ours, theirs", [
     (lambda p: optim.Adam(p, lr=0.01),
-     lambda p: torch.optim.Adam(p, lr=0.01)),
+     lambda torch, p: torch.optim.Adam(p, lr=0.01)),
     (lambda p: optim.Adam(p, lr=0.003, beta1=0.5, beta2=0.9, eps=1e-3, weight_decay=0.1),
-     lambda p: torch.optim.Adam(p, lr=0.003, betas=(0.5, 0.9), eps=1e-3, weight_decay=0.1)),
+     lambda torch, p: torch.optim.Adam(p, lr=0.003, betas=(0.5, 0.9), eps=1e-3, weight_decay=0.1)),
     (lambda p: optim.SGD(p, lr=0.01, weight_decay=0.2),
-     lambda p: torch.optim.SGD(p, lr=0.01, weight_decay=0.2)),
+     lambda torch, p: torch.optim.SGD(p, lr=0.01, weight_decay=0.2)),
 ], ids=["adam", "adam-wd-betas", "sgd-wd"])
 def test_optimisers_match_pytorch_over_several_steps(ours, theirs):
+    torch = pytest.importorskip("torch")  # the bench extra, not the test one
     rng = np.random.default_rng(0)
     W0 = rng.standard_normal((5, 3)).astype(np.float32)
     b0 = rng.standard_normal(3).astype(np.float32)
     X = rng.standard_normal((7, 5)).astype(np.float32)
     T = rng.standard_normal((7, 3)).astype(np.float32)
     got = _needle_run(ours, W0, b0, X, T, steps=6)
-    expected = _torch_run(theirs, W0, b0, X, T, steps=6)
+    expected = _torch_run(torch, theirs, W0, b0, X, T, steps=6)
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got[3], np.ones(2))  # no gradient, never touched
