@@ -1,5 +1,6 @@
 """Misuse and numerics of checkpoint, optim, remote offload, train's CLI and needle.parallel,
 against independent references: PyTorch (float64), numpy, and single-process runs for MPI."""
+import importlib.util
 import os
 import signal
 import subprocess
@@ -390,7 +391,8 @@ def run_launch(script, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
-NEEDS_MPI = pytest.mark.skipif(find_launcher() is None, reason="no MPI launcher found")
+NEEDS_MPI = pytest.mark.skipif(find_launcher() is None or importlib.util.find_spec("mpi4py")
+                               is None, reason="no MPI launcher or no mpi4py")
 
 
 @NEEDS_MPI
