@@ -2,13 +2,11 @@
 against independent references: PyTorch (float64), numpy, and single-process runs for MPI."""
 import importlib.util
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from parallel_scripts.mpi_run import launch as launch_ranks
 
 import needle as ndl
 from needle import checkpoint, nn, optim, remote
@@ -17,7 +15,6 @@ from needle.train import main as train_main
 from needle.train import parse_args
 
 CPU = ndl.cpu()
-MPI_TIMEOUT_S = 60
 
 
 def small_model(seed: int) -> nn.Module:
@@ -377,20 +374,6 @@ def test_launcher_cli_refuses_bad_arguments(capsys, tmp_path):
     assert "no script" in capsys.readouterr().err
 
 
-def run_launch(script, *args) -> subprocess.CompletedProcess:
-    """`python -m needle.parallel.launch -n 2 script`, its process group killed on timeout."""
-    cmd = [sys.executable, "-m", "needle.parallel.launch", "-n", "2", str(script), *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=MPI_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{script} still ran after {MPI_TIMEOUT_S} s:\n{out}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out)
-
-
 NEEDS_MPI = pytest.mark.skipif(find_launcher() is None or importlib.util.find_spec("mpi4py")
                                is None, reason="no MPI launcher or no mpi4py")
 
@@ -404,9 +387,9 @@ def test_a_rank_that_dies_aborts_the_job_instead_of_hanging(tmp_path):
             raise RuntimeError("rank 1 gives up")
         MPI.COMM_WORLD.Barrier()  # rank 0 waits here for a rank that is gone
     """))
-    result = run_launch(script)
-    assert result.returncode != 0
-    assert "rank 1 gives up" in result.stdout
+    code, output = launch_ranks(script)
+    assert code != 0
+    assert "rank 1 gives up" in output
 
 
 DP_SCRIPT = """
@@ -438,8 +421,8 @@ np.savez(f"{out}/rank{mlp.comm.rank}.npz", *[p.grad.numpy() for p in mlp.paramet
 def test_two_ranks_with_uneven_shards_match_one_process(tmp_path):
     script = tmp_path / "dp.py"
     script.write_text(DP_SCRIPT)
-    result = run_launch(script, tmp_path)
-    assert result.returncode == 0, result.stdout
+    code, output = launch_ranks(script, tmp_path)
+    assert code == 0, output
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     got = [[f[f"arr_{i}"] for i in range(len(f.files))] for f in ranks]
     for name in ranks[0].files:

@@ -14,20 +14,26 @@ LAUNCHER = find_launcher() if importlib.util.find_spec("mpi4py") else None
 TIMEOUT_S = 90
 
 
-def run_mpi(script: str, *args, nprocs: int = 2) -> None:
-    """Run `script` on `nprocs` ranks through needle's launcher CLI; fail with its output if it
-    errors or hangs (the whole process group is killed then)."""
-    cmd = [sys.executable, "-m", "needle.parallel.launch", "-n", str(nprocs), str(SCRIPTS / script)]
+def launch(script, *args, nprocs: int = 2, cwd=None) -> tuple[int, str]:
+    """(exit code, output) of `script` on `nprocs` ranks through needle's launcher CLI; an
+    AssertionError with its output if it still runs after TIMEOUT_S (the whole process group
+    is killed then)."""
+    cmd = [sys.executable, "-m", "needle.parallel.launch", "-n", str(nprocs), str(script)]
     cmd += [str(a) for a in args]
-    proc = subprocess.Popen(
-        cmd, cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         raise AssertionError(f"{script} did not finish in {TIMEOUT_S} s:\n{output}") from None
-    if proc.returncode != 0:
-        raise AssertionError(f"{script} exited with {proc.returncode}:\n{output}")
+    return proc.returncode, output
+
+
+def run_mpi(script: str, *args, nprocs: int = 2) -> None:
+    """Run a script of this folder on `nprocs` ranks; fail with its output if it errors or
+    hangs."""
+    code, output = launch(SCRIPTS / script, *args, nprocs=nprocs, cwd=SCRIPTS)
+    if code != 0:
+        raise AssertionError(f"{script} exited with {code}:\n{output}")
