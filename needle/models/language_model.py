@@ -31,6 +31,9 @@ class LanguageModel(nn.Module):
         self.linear = nn.Linear(features, output_size, device=device, dtype=dtype)
 
     def forward(self, x, h=None):
+        if len(x.shape) != 2:
+            raise ValueError(f"LanguageModel expects token ids of shape (seq_len, batch), "
+                             f"got {tuple(x.shape)}")
         seq_len, batch = x.shape
         out, h = self.seq_model(self.embedding(x), h)
         return self.linear(out.reshape((seq_len * batch, self.features))), h

@@ -60,15 +60,17 @@ def _child_modules(value: Any) -> Iterator["Module"]:
             yield from _child_modules(child)
 
 
-def check_shape(module: "Module", x: Tensor, ndim: int, dims: dict[int, int]) -> None:
-    """Raise a ValueError naming the layer when x is not the shape it expects."""
+def check_shape(module: "Module", x: Tensor, ndim: int, dims: dict[int, int],
+                what: str = "input") -> None:
+    """Raise a ValueError naming the layer (and `what`, e.g. "h0") when x is not the shape
+    it expects."""
     bad = len(x.shape) != ndim or any(x.shape[axis] != size for axis, size in dims.items())
     if bad:
         expected = ["*"] * ndim
         for axis, size in dims.items():
             expected[axis] = str(size)
         raise ValueError(
-            f"{type(module).__name__} expects input of shape ({', '.join(expected)}), "
+            f"{type(module).__name__} expects {what} of shape ({', '.join(expected)}), "
             f"got {tuple(x.shape)}"
         )
 
@@ -323,4 +325,10 @@ class Residual(Module):
         self.fn = fn
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fn(x) + x
+        y = self.fn(x)
+        if tuple(y.shape) != tuple(x.shape):
+            raise ValueError(
+                f"Residual: its function maps {tuple(x.shape)} to {tuple(y.shape)}; "
+                "the shapes must be equal"
+            )
+        return y + x

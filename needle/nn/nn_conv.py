@@ -52,10 +52,15 @@ class Conv(Module):
 class _Pool2d(Module):
     """Pooling over k x k windows taken every `stride` pixels (default stride = k), no padding."""
 
-    def __init__(self, kernel_size, stride=None):
+    def __init__(self, kernel_size: int, stride: int | None = None):
         super().__init__()
+        stride = kernel_size if stride is None else stride
+        for name, value in (("kernel_size", kernel_size), ("stride", stride)):
+            if not isinstance(value, int) or value < 1:  # stride 0 used to mean "kernel_size"
+                raise ValueError(f"{type(self).__name__}: {name} must be a positive int, "
+                                 f"got {value!r}")
         self.kernel_size = kernel_size
-        self.stride = stride or kernel_size
+        self.stride = stride
 
     def reduce(self, x: Tensor, axis: int) -> Tensor:
         raise NotImplementedError

@@ -21,6 +21,14 @@ def _uniform(*shape, bound, device, dtype):
     return Parameter(init.rand(*shape, low=-bound, high=bound, device=device, dtype=dtype))
 
 
+def _state_pair(module: Module, h) -> tuple[Tensor, Tensor]:
+    """An LSTM state must be a pair (h, c); a lone Tensor would be split along its rows."""
+    if isinstance(h, Tensor) or len(h) != 2:
+        raise ValueError(f"{type(module).__name__} expects its state as a pair (h, c), "
+                         f"got {type(h).__name__}")
+    return h[0], h[1]
+
+
 class _Cell(Module):
     """Weights shared by RNN and LSTM cells: gates = x W_ih + h W_hh + b_ih + b_hh."""
 
@@ -37,8 +45,15 @@ class _Cell(Module):
             self.bias_ih = _uniform(width, bound=bound, device=device, dtype=dtype)
             self.bias_hh = _uniform(width, bound=bound, device=device, dtype=dtype)
 
-    def gates(self, X: Tensor, h: Tensor) -> Tensor:
+    def check(self, X: Tensor, **states: Tensor | None) -> None:
+        """X must be (batch, input_size) and each given state (batch, hidden_size): a wrong
+        state would otherwise fail deep in matmul/add, or broadcast a batch of 1 silently."""
         check_shape(self, X, 2, {1: self.input_size})
+        for what, state in states.items():
+            if state is not None:
+                check_shape(self, state, 2, {0: X.shape[0], 1: self.hidden_size}, what)
+
+    def gates(self, X: Tensor, h: Tensor) -> Tensor:
         out = X @ self.W_ih + h @ self.W_hh
         if self.bias_ih is not None:
             bias = (self.bias_ih + self.bias_hh).reshape((1, self.W_ih.shape[1]))
@@ -61,6 +76,7 @@ class RNNCell(_Cell):
         self.nonlinearity = ops.tanh if nonlinearity == "tanh" else ops.relu
 
     def forward(self, X: Tensor, h: Tensor | None = None) -> Tensor:
+        self.check(X, h=h)
         h = self.zeros(X) if h is None else h
         return self.nonlinearity(self.gates(X, h))
 
@@ -72,7 +88,10 @@ class LSTMCell(_Cell):
         super().__init__(input_size, hidden_size, 4, bias, device, dtype)
 
     def forward(self, X: Tensor, h: tuple[Tensor, Tensor] | None = None):
-        h0, c0 = (self.zeros(X),) * 2 if h is None else h
+        h0, c0 = (None, None) if h is None else _state_pair(self, h)
+        self.check(X, h=h0, c=c0)
+        if h is None:
+            h0 = c0 = self.zeros(X)
         batch, hidden = X.shape[0], self.hidden_size
         i, f, g, o = ops.split(self.gates(X, h0).reshape((batch, 4, hidden)), axis=1)
         c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(g)
@@ -92,7 +111,11 @@ class RNN(Module):
         ]
 
     def forward(self, X: Tensor, h0: Tensor | None = None):
-        check_shape(self, X, 3, {2: self.rnn_cells[0].input_size})
+        first = self.rnn_cells[0]
+        check_shape(self, X, 3, {2: first.input_size})
+        if h0 is not None:
+            expected = {0: len(self.rnn_cells), 1: X.shape[1], 2: first.hidden_size}
+            check_shape(self, h0, 3, expected, "h0")
         layer_input = list(ops.split(X, axis=0))
         h_start = [None] * len(self.rnn_cells) if h0 is None else list(ops.split(h0, axis=0))
         h_final = []
@@ -118,12 +141,17 @@ class LSTM(Module):
         ]
 
     def forward(self, X: Tensor, h: tuple[Tensor, Tensor] | None = None):
-        check_shape(self, X, 3, {2: self.lstm_cells[0].input_size})
+        first = self.lstm_cells[0]
+        check_shape(self, X, 3, {2: first.input_size})
         layer_input = list(ops.split(X, axis=0))
         if h is None:
             h_start = [None] * len(self.lstm_cells)
         else:
-            h_start = list(zip(ops.split(h[0], axis=0), ops.split(h[1], axis=0), strict=True))
+            h0, c0 = _state_pair(self, h)
+            expected = {0: len(self.lstm_cells), 1: X.shape[1], 2: first.hidden_size}
+            check_shape(self, h0, 3, expected, "h0")
+            check_shape(self, c0, 3, expected, "c0")
+            h_start = list(zip(ops.split(h0, axis=0), ops.split(c0, axis=0), strict=True))
         h_final, c_final = [], []
         for cell, state in zip(self.lstm_cells, h_start, strict=True):
             outputs = []
@@ -149,7 +177,10 @@ class Embedding(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: integer indices of any shape -> (*x.shape, embedding_dim)."""
-        indices = x.numpy().astype(np.int64)
+        values = x.numpy()
+        if not np.array_equal(values, np.round(values)):  # NaN fails too
+            raise ValueError(f"Embedding indices must be integers, got {values.ravel()[:8]}")
+        indices = values.astype(np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_embeddings):
             raise ValueError(
                 f"Embedding index out of range [0, {self.num_embeddings}): "

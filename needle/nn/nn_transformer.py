@@ -18,10 +18,17 @@ _MASKED = -1e9  # added to masked logits; finite so that no inf - inf can make a
 
 
 def softmax(x: Tensor) -> Tensor:
-    """Softmax over the last axis."""
+    """Softmax over the last axis, as exp(x - max) / sum so that every row sums to 1.
+
+    exp(x - logsumexp(x)) does not once |x| is large: a fully masked row (all _MASKED) has
+    logsumexp -1e9 + log(n), which float32 rounds to -1e9, so each entry came out as 1. The
+    max is a constant: softmax does not change when a constant is subtracted from a row.
+    """
     last = len(x.shape) - 1
-    lse = ops.logsumexp(x, axes=(last,)).reshape((*x.shape[:-1], 1))
-    return ops.exp(x - ops.broadcast_to(lse, x.shape))
+    top = x.realize_cached_data().max(last, keepdims=True).broadcast_to(x.shape)
+    e = ops.exp(x - Tensor.make_const(top))
+    total = ops.summation(e, axes=(last,)).reshape((*x.shape[:-1], 1))
+    return e / ops.broadcast_to(total, x.shape)
 
 
 class MultiHeadAttention(Module):
@@ -43,10 +50,13 @@ class MultiHeadAttention(Module):
         return Tensor(mask.reshape(1, 1, queries, keys), device=device, requires_grad=False)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor):
-        if len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape):
+        # matmul would broadcast a batch or head axis of 1 in q against k: check them too
+        if (len(q.shape) != 4 or len(k.shape) != 4 or tuple(k.shape) != tuple(v.shape)
+                or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]):
             raise ValueError(
                 "MultiHeadAttention expects q, k, v of shape (batch, heads, length, dim) with "
-                f"k and v alike, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+                "k and v alike and equal batch, heads and q/k dim, "
+                f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
             )
         batch, heads, queries, dim = q.shape
         keys = k.shape[2]
@@ -68,6 +78,8 @@ class AttentionLayer(Module):
         v_features = v_features or q_features
         out_features = out_features or q_features
         self.q_features = q_features
+        self.k_features = k_features
+        self.v_features = v_features
         self.num_head = num_head
         self.dim_head = dim_head
         inner = num_head * dim_head
@@ -89,8 +101,10 @@ class AttentionLayer(Module):
     def forward(self, q: Tensor, k: Tensor | None = None, v: Tensor | None = None) -> Tensor:
         k = q if k is None else k
         v = q if v is None else v
-        check_shape(self, q, 3, {2: self.q_features})
+        check_shape(self, q, 3, {2: self.q_features}, "q")
         batch, length, _ = q.shape
+        check_shape(self, k, 3, {0: batch, 2: self.k_features}, "k")
+        check_shape(self, v, 3, {0: batch, 1: k.shape[1], 2: self.v_features}, "v")
         heads, _ = self.attn(
             self._heads(q, self.prenorm_q, self.q_projection),
             self._heads(k, self.prenorm_k, self.k_projection),

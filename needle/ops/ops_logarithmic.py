@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..autograd import NDArray, Tensor, TensorOp
 from .ops_mathematic import exp
-from .ops_shape import _keepdims_shape, _reduced_axes, broadcast_to, reshape
+from .ops_shape import _keepdims_shape, _reduced_axes, broadcast_to, reshape, summation
 
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -35,7 +35,11 @@ class LogSumExp(TensorOp):
     def gradient(self, out_grad, node):
         z = node.inputs[0]
         kept = _keepdims_shape(z.shape, _reduced_axes(self.axes, len(z.shape)))
-        softmax = exp(z - broadcast_to(reshape(node, kept), z.shape))
+        # exp(z - lse) is softmax(z) times exp(exact lse - float32 lse); once |lse| is large
+        # (a row of -1e9 masks: lse = -1e9 + log(n) rounds to -1e9) that factor is far from 1,
+        # so normalise: the gradient of logsumexp sums to 1 over the reduced axes.
+        e = exp(z - broadcast_to(reshape(node, kept), z.shape))
+        softmax = e / broadcast_to(reshape(summation(e, self.axes), kept), z.shape)
         return broadcast_to(reshape(out_grad, kept), z.shape) * softmax
 
 

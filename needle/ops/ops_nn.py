@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import NDArray, Tensor, TensorOp
+from .ops_logarithmic import FLOAT32_MAX
 from .ops_mathematic import MatMul
 
 _MATMUL = MatMul()
@@ -45,7 +46,8 @@ class SoftmaxCrossEntropy(TensorOp):
     """Mean over the batch of -log softmax(logits)[label]; labels are fixed, not inputs.
 
     The forward pass keeps softmax(logits), so the gradient (softmax - one_hot) / batch costs
-    one subtraction and one scale.
+    one subtraction and one scale. Logits of -inf (masked classes) are allowed; one at a label
+    counts as -FLOAT32_MAX, a huge but finite loss.
     """
 
     def __init__(self, labels: np.ndarray):
@@ -58,7 +60,8 @@ class SoftmaxCrossEntropy(TensorOp):
         exp = shifted.exp()
         total = exp.sum(axis=1, keepdims=True)
         self.softmax = exp / total.broadcast_to(logits.shape)
-        picked = (shifted * self.one_hot).sum()
+        # a -inf logit (a masked class) times its 0 in one_hot would be NaN: clamp it first
+        picked = (shifted.maximum(-FLOAT32_MAX) * self.one_hot).sum()
         return (total.log().sum() + picked * -1.0) * (1.0 / batch)
 
     def gradient(self, out_grad, node):
@@ -69,7 +72,10 @@ class SoftmaxCrossEntropy(TensorOp):
 
 def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     """Mean cross-entropy of logits (batch, classes) against integer labels (batch,)."""
-    return SoftmaxCrossEntropy(labels.numpy().astype(np.int64))(logits)
+    values = labels.numpy()
+    if not np.array_equal(values, np.round(values)):  # 1.7 would silently count as class 1
+        raise ValueError(f"softmax_cross_entropy: labels must be integers, got {values[:8]}")
+    return SoftmaxCrossEntropy(values.astype(np.int64))(logits)
 
 
 class BatchNorm(TensorOp):
