@@ -46,6 +46,7 @@ from eth.vm.forks.spurious_dragon._utils import collect_touched_accounts
 from eth.vm.message import Message
 from eth_hash.auto import keccak
 from eth_typing import Address, Hash32
+from eth_utils import ValidationError
 from rlp.sedes.serializable import BaseSerializable
 
 from chain.admission import validate_fee_caps
@@ -127,6 +128,16 @@ class PoUWVMBase(PragueVM):
         for worker, amount in rewards.items():
             self.state.delta_balance(REWARD_POOL_ADDRESS, -amount)
             self.state.delta_balance(worker, amount)
+
+    def validate_transaction_against_header(self, base_header: BlockHeaderAPI,
+                                            transaction: SignedTransactionAPI) -> None:
+        """Frontier's checks plus EIP-155's replay protection, which py-evm leaves to the
+        client: a transaction signed for another chain, or for none (a pre-EIP-155 legacy
+        signature), makes the block invalid, not only its admission refused."""
+        if transaction.chain_id != CHAIN_ID:
+            raise ValidationError(f"transaction 0x{transaction.hash.hex()} is signed for chain "
+                                  f"id {transaction.chain_id}, not {CHAIN_ID}")
+        super().validate_transaction_against_header(base_header, transaction)
 
     def block_receipts(self, block: BlockAPI) -> Sequence[ReceiptAPI]:
         """The block's receipts, read back from the database."""

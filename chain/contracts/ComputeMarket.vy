@@ -4,7 +4,10 @@
 @notice A market for matmul jobs whose results are checked on chain by the
         Freivalds precompile before the worker is paid.
 @dev Pre-deployed in genesis (no constructor state: parameters are constants).
-     Invariant: self.balance == totalEscrow + totalStaked.
+     Invariant: self.balance == totalEscrow + totalStaked + totalOwed.
+     Payments to others (fees, refunds, slashes) are sent last, with send's 2300-gas
+     stipend; one the recipient refuses is owed to it instead (claimOwed), so no recipient
+     can block a job's progress.
 """
 
 # Job status codes (shared with clients, see docs/protocol.md); 0 means no such job.
@@ -130,6 +133,8 @@ workers: HashMap[address, Worker]
 jobCount: public(uint256)
 totalEscrow: public(uint256)
 totalStaked: public(uint256)
+owed: public(HashMap[address, uint256])
+totalOwed: public(uint256)
 
 
 @external
@@ -213,6 +218,37 @@ def _flops(j: Job) -> uint256:
         * convert(j.n, uint256)
 
 
+@internal
+def _payCaller(amount: uint256):
+    """Pay msg.sender with all the remaining gas (a contract wallet may need more than
+    send's stipend); state is final before the call. Reverts if the caller refuses."""
+    if amount > 0:
+        raw_call(msg.sender, b"", value=amount)
+
+
+@internal
+def _pay(recipient: address, amount: uint256):
+    """Pay someone other than the caller with send's 2300-gas stipend (no reentrancy, no
+    gas griefing). A recipient that refuses (a contract that reverts or needs more gas)
+    cannot make the transaction revert: the amount is owed to it (owed(recipient)), for
+    claimOwed()."""
+    if amount == 0:
+        return
+    if not raw_call(recipient, b"", value=amount, gas=0, revert_on_failure=False):
+        self.owed[recipient] += amount
+        self.totalOwed += amount
+
+
+@external
+def claimOwed():
+    """Collect the payments this account refused (see _pay)."""
+    amount: uint256 = self.owed[msg.sender]
+    assert amount > 0, "nothing owed"
+    self.owed[msg.sender] = 0
+    self.totalOwed -= amount
+    self._payCaller(amount)
+
+
 @external
 @payable
 def register():
@@ -243,8 +279,8 @@ def withdraw():
     amount: uint256 = w.stake
     self.workers[msg.sender] = empty(Worker)
     self.totalStaked -= amount
-    send(msg.sender, amount)
     log Withdrawn(worker=msg.sender, amount=amount)
+    self._payCaller(amount)
 
 
 @internal
@@ -384,17 +420,19 @@ def _reopen(jobId: uint256, j: Job):
 
 
 @internal
-def _slash(worker: address, bps: uint256, submitter: address) -> uint256:
-    """Take bps/10000 of the stake: half to the submitter, the rest to the reward pool."""
+def _slash(worker: address, bps: uint256) -> uint256:
+    """Take bps/10000 of the stake (paid out by _paySlash once the job's state is final)."""
     amount: uint256 = self.workers[worker].stake * bps // 10000
     self.workers[worker].stake -= amount
     self.totalStaked -= amount
-    toSubmitter: uint256 = amount // 2
-    if toSubmitter > 0:
-        send(submitter, toSubmitter)
-    if amount - toSubmitter > 0:
-        send(REWARD_POOL, amount - toSubmitter)
     return amount
+
+
+@internal
+def _paySlash(amount: uint256, submitter: address):
+    """Half of a slash to the submitter, the rest to the reward pool."""
+    self._pay(submitter, amount // 2)
+    self._pay(REWARD_POOL, amount - amount // 2)
 
 
 @internal
@@ -416,18 +454,19 @@ def _finalize(jobId: uint256, j: Job):
         j.status = DONE
         self._storeMeta(jobId, j)
         self.totalEscrow -= j.fee
-        send(j.worker, j.fee)
         log JobVerified(jobId=jobId, worker=j.worker, fee=j.fee, flops=self._flops(j))
+        self._pay(j.worker, j.fee)
     elif verdict == VERDICT_BAD_OPERANDS:
         j.status = CANCELLED
         self._storeMeta(jobId, j)
         self.totalEscrow -= j.fee
-        send(j.submitter, j.fee)
         log JobCancelled(jobId=jobId)
+        self._pay(j.submitter, j.fee)
     else:
-        slashed: uint256 = self._slash(j.worker, FAIL_SLASH_BPS, j.submitter)
+        slashed: uint256 = self._slash(j.worker, FAIL_SLASH_BPS)
         log JobFailed(jobId=jobId, worker=j.worker, slashed=slashed)
         self._reopen(jobId, j)
+        self._paySlash(slashed, j.submitter)
 
 
 @external
@@ -460,15 +499,17 @@ def finalizeJobs(jobIds: DynArray[uint256, MAX_BATCH_JOBS]) -> uint256:
 def reopenExpired(jobId: uint256):
     """Reopen a claim that missed its deadline (stake cut) or a commit left unfinalised."""
     j: Job = self._load(jobId)
+    slashed: uint256 = 0
     if j.status == CLAIMED:
         assert block.number > j.deadline, "deadline not passed"
-        slashed: uint256 = self._slash(j.worker, LATE_SLASH_BPS, j.submitter)
+        slashed = self._slash(j.worker, LATE_SLASH_BPS)
         log JobFailed(jobId=jobId, worker=j.worker, slashed=slashed)
     else:
         assert j.status == COMMITTED, "job not claimed or committed"
         assert block.number > j.commitBlock + BLOCKHASH_WINDOW, "commit can still be finalized"
     self.workers[j.worker].activeClaims -= 1
     self._reopen(jobId, j)
+    self._paySlash(slashed, j.submitter)
 
 
 @external
@@ -479,5 +520,5 @@ def cancel(jobId: uint256):
     j.status = CANCELLED
     self._storeMeta(jobId, j)
     self.totalEscrow -= j.fee
-    send(msg.sender, j.fee)
     log JobCancelled(jobId=jobId)
+    self._payCaller(j.fee)
