@@ -393,7 +393,9 @@ def test_claim_committed_on_its_deadline_block_is_paid(market):
     assert names(market.send(anyone, "finalize", 0)) == ["JobVerified"]
 
 
-def test_finalisation_window_is_256_blocks_then_the_job_reopens_uncut(market):
+def commit_right_and_wrong(market):
+    """Jobs 0 (right C) and 1 (wrong C) committed in one block, then 255 empty blocks:
+    (worker, a third account, the commit block)."""
     submitter, worker, anyone = market.accounts[:3]
     a_id, b_id, c_id, wrong = operands(market)
     market.mine(worker.raw("register", value=ETHER),
@@ -402,6 +404,11 @@ def test_finalisation_window_is_256_blocks_then_the_job_reopens_uncut(market):
     market.send(worker, "commitJobs", [0, 1], [c_id, wrong])
     commit = market.block
     market.empty_blocks(commit + 255)
+    return worker, anyone, commit
+
+
+def test_finalisation_window_is_256_blocks_then_the_job_reopens_uncut(market):
+    worker, anyone, commit = commit_right_and_wrong(market)
     # block commit + 256: the commit block is the oldest blockhash still available
     market.refused(anyone, "reopenExpired", 0, reason="commit can still be finalized")
     assert market.block == commit + 256
@@ -418,14 +425,7 @@ def test_finalisation_window_is_256_blocks_then_the_job_reopens_uncut(market):
 
 
 def test_finalize_on_the_last_block_of_the_window_verifies(market):
-    submitter, worker, anyone = market.accounts[:3]
-    a_id, b_id, c_id, wrong = operands(market)
-    market.mine(worker.raw("register", value=ETHER),
-                *[submitter.raw("submitJob", a_id, b_id, 1, 4, 3, 2, 1, 5, value=FEE)
-                  for _ in range(2)])
-    market.send(worker, "commitJobs", [0, 1], [c_id, wrong])
-    commit = market.block
-    market.empty_blocks(commit + 255)
+    worker, anyone, commit = commit_right_and_wrong(market)
     right, failed = market.mine(anyone.raw("finalize", 0), anyone.raw("finalize", 1))
     assert market.block == commit + 256
     assert names(right) == ["JobVerified"]
