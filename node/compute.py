@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from verifier.exact import data_magnitude
+
 FLOAT_DTYPES = (np.float32,)
 EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
 
@@ -95,7 +97,7 @@ def exact_matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     if k == 0 or 0 in shape:
         return np.zeros(shape, np.int64)
-    bound_a, bound_b = _magnitude(a), _magnitude(b)
+    bound_a, bound_b = data_magnitude(a), data_magnitude(b)
     if bound_a * bound_b * MIN_CHUNK <= FLOAT32_EXACT:  # int8-sized entries: float32 sgemm
         gpu = device if getattr(device, "name", "") == "cuda" else None
         return _chunked(a, b, np.float32, bound_a * bound_b, gpu)
@@ -104,15 +106,11 @@ def exact_matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
     if width_a == width_b == 64:
         return _chunked(a, b, np.float64, bound_a * bound_b)
     total = np.zeros(shape, np.uint64)  # wrapping sums, as numpy's int64 matmul wraps
-    for shift_a, piece_a, top_a in _limbs(a, width_a):
-        for shift_b, piece_b, top_b in _limbs(b, width_b):
+    for shift_a, piece_a, top_a in _limbs(a, width_a, bound_a):
+        for shift_b, piece_b, top_b in _limbs(b, width_b, bound_b):
             part = _chunked(piece_a, piece_b, np.float64, top_a * top_b)
             total += part.view(np.uint64) << np.uint64(shift_a + shift_b)
     return total.view(np.int64)
-
-
-def _magnitude(x: np.ndarray) -> int:
-    return max(-int(x.min()), int(x.max()))
 
 
 def _limb_widths(bits_a: int, bits_b: int, budget: int) -> tuple[int, int]:
@@ -131,20 +129,16 @@ def _count(bits: int, width: int) -> int:
     return 1 if width >= bits else -(-bits // width)
 
 
-def _limbs(x: np.ndarray, width: int):
-    """(shift, limb, bound on |limb|) with x = sum limb * 2^shift: unsigned width-bit low
-    limbs and a signed top one."""
-    if width >= 64 or _magnitude(x) < (1 << width):
-        yield 0, x, max(_magnitude(x), 1)
-        return
-    rest, shift = x.astype(np.int64), 0
-    while True:
-        top = _magnitude(rest)
-        if top < (1 << width):
-            yield shift, rest, max(top, 1)
-            return
-        yield shift, rest & ((1 << width) - 1), (1 << width) - 1
+def _limbs(x: np.ndarray, width: int, bound: int):
+    """(shift, limb, bound on |limb|) with x = sum limb * 2^shift (|x| <= bound): unsigned
+    width-bit low limbs and a signed top one; x itself when bound < 2^width."""
+    rest, shift, mask = x, 0, (1 << width) - 1
+    while bound > mask:
+        rest = rest.astype(np.int64, copy=False)
+        yield shift, rest & mask, mask
         rest, shift = rest >> width, shift + width
+        bound = data_magnitude(rest)
+    yield shift, rest, max(bound, 1)
 
 
 def _chunked(a: np.ndarray, b: np.ndarray, dtype, bound: int, device=None) -> np.ndarray:

@@ -1,10 +1,9 @@
 """Recurrent layers and embeddings; sequences are (seq_len, batch, features) as in CMU needle."""
 import math
 
-import numpy as np
-
 from needle import init, ops
 from needle.autograd import Tensor
+from needle.ops.ops_nn import integer_ids
 
 from .nn_basic import Module, Parameter, check_shape
 
@@ -177,10 +176,7 @@ class Embedding(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: integer indices of any shape -> (*x.shape, embedding_dim)."""
-        values = x.numpy()
-        if not np.array_equal(values, np.round(values)):  # NaN fails too
-            raise ValueError(f"Embedding indices must be integers, got {values.ravel()[:8]}")
-        indices = values.astype(np.int64)
+        indices = integer_ids(x, "Embedding indices")
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_embeddings):
             raise ValueError(
                 f"Embedding index out of range [0, {self.num_embeddings}): "

@@ -70,12 +70,18 @@ class SoftmaxCrossEntropy(TensorOp):
         return Tensor.make_const((self.softmax - self.one_hot) * scale)
 
 
+def integer_ids(ids: Tensor, what: str) -> np.ndarray:
+    """The values of `ids` (class labels, embedding rows) as int64, or a ValueError naming
+    `what`: a float such as 1.7 would silently count as 1 (NaN is refused too)."""
+    values = ids.numpy()
+    if not np.array_equal(values, np.round(values)):
+        raise ValueError(f"{what} must be integers, got {values.ravel()[:8]}")
+    return values.astype(np.int64)
+
+
 def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     """Mean cross-entropy of logits (batch, classes) against integer labels (batch,)."""
-    values = labels.numpy()
-    if not np.array_equal(values, np.round(values)):  # 1.7 would silently count as class 1
-        raise ValueError(f"softmax_cross_entropy: labels must be integers, got {values[:8]}")
-    return SoftmaxCrossEntropy(values.astype(np.int64))(logits)
+    return SoftmaxCrossEntropy(integer_ids(labels, "softmax_cross_entropy: labels"))(logits)
 
 
 class BatchNorm(TensorOp):
