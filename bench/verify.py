@@ -12,7 +12,8 @@ how much of a check is the fixed per-call work (vectors, O(n) bound arithmetic, 
 and on a GPU the check's one launch (CUDA events, alone and back to back), the host's time
 to derive the bits and enqueue it, and gpu_float.check() alone. The reference
 is the float32 product (numpy sgemm / cuBLAS); for exact mode numpy's integer matmul is
-also timed where it finishes in reasonable time.
+also timed where it finishes in reasonable time. On the host the exact check runs in
+verifier.exact_host (built from csrc/) and, for comparison, in numpy alone.
 The "read floor" row is one matrix-vector product over each of A, B and C: the memory
 traffic that any check reading every operand once must pay. On a GPU the exact check is
 also timed until verify() returns its verdict (the device synchronised after, untimed: the
@@ -33,7 +34,7 @@ import time
 
 import numpy as np
 
-from verifier import DEFAULT_ROUNDS, verify
+from verifier import DEFAULT_ROUNDS, exact, verify
 from verifier.arrays import products
 from verifier.floating import residual_and_bound
 from verifier.rng import sign_vectors
@@ -106,6 +107,14 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     assert verify(Ai, Bi, Ci, precision="exact", seed=SEED).passed
     seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED), repeats, sync)
     rows.append(("verify exact int8->int32, 1 round", seconds, sgemm))
+    if xp is np and exact.exact_host is not None:
+        kernel, exact.exact_host = exact.exact_host, None  # numpy's loop, as without csrc/
+        try:
+            seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
+                                repeats, sync)
+        finally:
+            exact.exact_host = kernel
+        rows.append(("  the same in numpy (no exact_host)", seconds, sgemm))
     if xp is not np:
         returned = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
                              repeats, sync, until_return=True)

@@ -1,6 +1,6 @@
 """Test helpers shared by several test files: float32 tensors and finite differences for the
 framework tests, a node serving blobs for the blob tests, chain clients for the dev accounts,
-a bounded wait."""
+a bounded wait, exact-mode references in Python integers."""
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import numpy as np
 
 import needle as ndl
+from verifier import P
 
 
 def tensor(a, device, requires_grad=True) -> ndl.Tensor:
@@ -72,3 +73,16 @@ def wait_for(predicate, timeout: float, what: str) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def reference_mod_p(M, V) -> np.ndarray:
+    """(M @ V) mod p with Python's unbounded integers."""
+    M, V = M.astype(object), V.astype(object)
+    return np.array((M @ V) % P, dtype=np.int64)
+
+
+def integers(rng, shape, dtype, small=False) -> np.ndarray:
+    """Random entries over the dtype's whole range, or within +-1000."""
+    info = np.iinfo(dtype)
+    lo, hi = (max(info.min, -1000), min(info.max, 1000)) if small else (info.min, info.max)
+    return rng.integers(lo, hi, shape, dtype=dtype, endpoint=True)

@@ -2,24 +2,23 @@
 every wrong one fails, including a result that is right only modulo p."""
 import numpy as np
 import pytest
+from helpers import integers, reference_mod_p
 
 from verifier import P, exact, verify, verify_many
 from verifier.exact import SPLIT, digit_width, matmul_mod_p, signed_digits
 
 SEEDS = [bytes([i]) * 32 for i in range(5)]
+HOST_PATHS = ["native", "numpy"] if exact.exact_host is not None else ["numpy"]
+
+
+@pytest.fixture(autouse=True, params=HOST_PATHS)
+def host_path(request, monkeypatch):
+    """Every test here runs on both host paths: verifier.exact_host's loop (built from
+    csrc/) and numpy's, which installs without the module use."""
+    if request.param == "numpy":
+        monkeypatch.setattr(exact, "exact_host", None)
+    return request.param
 INPUT_TYPES = [np.int8, np.int16, np.int32, np.uint8, np.uint16]
-
-
-def reference_mod_p(M, V):
-    """(M @ V) mod p with Python's unbounded integers."""
-    M, V = M.astype(object), V.astype(object)
-    return np.array((M @ V) % P, dtype=np.int64)
-
-
-def integers(rng, shape, dtype, small=False):
-    info = np.iinfo(dtype)
-    lo, hi = (max(info.min, -1000), min(info.max, 1000)) if small else (info.min, info.max)
-    return rng.integers(lo, hi, shape, dtype=dtype, endpoint=True)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.uint32, np.int64])
@@ -309,3 +308,4 @@ def test_int32_entries_above_the_product_bound_fail_on_the_host():
     for seed in SEEDS:
         result = verify(A, B, C, precision="exact", seed=seed)
         assert not result.passed and result.worst_excess == 2 and "first row 5" in result.reason
+

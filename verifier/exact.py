@@ -5,8 +5,12 @@ digits with w chosen so that every partial sum of (matrix) x (digits) is an inte
 magnitude at most 2^53 (float64 BLAS, exact) or, for very large entries or inner dimensions,
 2^62 (int64): exact in any summation order. Digit results are reduced mod p and recombined
 with shifts, which mod a Mersenne prime are 61-bit rotations. On the host C's entries are
-checked against the product's bound rather than trusted up to their dtype's, and each row
-block of C gets the digit width its own largest entry allows (fewer digits).
+checked against the product's bound rather than trusted up to their dtype's.
+
+The host's float64 passes run in `verifier.exact_host` (csrc/verifier_exact_host.cc) where
+that module was built: it widens each entry in registers and takes it against every digit
+column at once, where numpy writes a float64 copy of each row block and reads it once per
+column. Both give the same sums, exactly; numpy's loop stays for installs without it.
 """
 from __future__ import annotations
 
@@ -16,6 +20,11 @@ import numpy as np
 
 from verifier.arrays import products
 from verifier.rng import P
+
+try:  # optional: built from csrc/ with needle's backends; numpy gives the same result
+    from verifier import exact_host
+except ImportError:
+    exact_host = None
 
 SPLIT = 1 << 32  # entries at least this large are split into 32-bit halves first
 BLOCK_BYTES = 1 << 21  # a float64 row block of host_mod_p: 64 rows at k = 4096, in L3
@@ -126,7 +135,38 @@ def _recombine(xp: ModuleType, residues, shifts, axis: int):
 
 def host_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = None
                ) -> np.ndarray:
-    """(M @ V) mod p for a 2-D host matrix, one row block at a time: each block is converted
+    """(M @ V) mod p for a 2-D host matrix with |M| <= bound, or checked against limit:
+    rows holding an entry above limit get p."""
+    if exact_host is not None:
+        return native_mod_p(M, V, bound, limit)
+    return numpy_mod_p(M, V, bound, limit)
+
+
+def native_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = None
+                 ) -> np.ndarray:
+    """host_mod_p in one pass of exact_host.digit_sums: every digit column of V against
+    each entry of M while it is in a register, and each row's largest |entry| found on the
+    way (one digit width for all rows: finding it per block first would read M twice)."""
+    inner, cols = V.shape
+    width = digit_width(bound if limit is None else limit, inner, 1 << 53)
+    W = signed_digits(np, V, width).reshape(-1, inner).astype(np.float64)
+    if not (M.dtype.isnative and M.strides[0] % M.itemsize == 0
+            and (M.shape[1] <= 1 or M.strides[1] == M.itemsize)):
+        M = np.ascontiguousarray(M, M.dtype.newbyteorder("="))
+    sums, magnitudes = exact_host.digit_sums(M, W, limit is not None)
+    with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
+        sums = sums.astype(np.int64).reshape(-1, cols, M.shape[0])
+    residues = sums + (P & (sums >> 63))  # |sum| <= 2^53 < p: mod p adds p to a negative
+    shifts = np.arange(sums.shape[0])[:, None, None] * width
+    result = _recombine(np, residues, shifts, axis=0).T.copy()
+    if limit is not None:
+        result[magnitudes > limit] = P
+    return result
+
+
+def numpy_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = None
+                ) -> np.ndarray:
+    """host_mod_p in numpy, one row block at a time: each block is converted
     to float64 once while it is in cache and taken against all its digit columns in one
     matmul call (a matrix-vector product each: OpenBLAS's skinny gemm is slower). Every
     partial sum stays within 2^53: exact in float64 in any order.
