@@ -223,7 +223,8 @@ def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int, repeats: int
             xp.cuda.Device().synchronize()
         device = xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     else:
-        xp, device = np, f"{platform.processor() or platform.machine()} (numpy CPU)"
+        loop = f"exact_host {exact.exact_host.ISA}" if exact.exact_host else "no exact_host"
+        xp, device = np, f"{platform.processor() or platform.machine()} (numpy CPU, {loop})"
 
         def sync():
             pass

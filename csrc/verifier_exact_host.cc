@@ -1,175 +1,35 @@
-// The host's inner loop of the verifier's exact mode: an integer matrix times a few float64
-// columns of signed digits, converted entry by entry in registers (numpy has to write a
-// float64 copy of each row block and then read it once per digit column). verifier/exact.py
-// picks the digits so that every partial sum is an integer of magnitude at most 2^53, so
-// these float64 sums are exact in any order, and the result equals numpy's.
+// verifier.exact_host: the Python face of exact mode's host loop
+// (verifier_exact_host_kernel.cc, compiled for AVX-512 and for AVX2). The widest loop the CPU
+// runs is chosen once at import; a CPU without AVX2 and FMA fails the import, and
+// verifier/exact.py then keeps numpy's loop.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <string>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 namespace py = pybind11;
+
+#define DECLARE(ISA)                                                                   \
+  namespace exact_host::ISA {                                                          \
+  template <typename T>                                                                \
+  void digit_sums(const T* M, int64_t rows, int64_t ld, const double* W, int64_t cols, \
+                  int64_t inner, double* sums, double* magnitude);                     \
+  }
+DECLARE(avx2)
+DECLARE(avx512)
+#undef DECLARE
 
 namespace {
 
-// LANES float64 lanes: one AVX-512 or AVX2 register. Entries of at most 32 bits are widened
-// with one sign or zero extension to int32 and one conversion (GCC's generic vector
-// conversion extracts int8 lanes one by one); other types and machines convert lane by lane.
-#if defined(__AVX512F__)
-constexpr int LANES = 8, REGISTERS = 32;
-#else
-constexpr int LANES = 4, REGISTERS = 16;
-#endif
-typedef double vd __attribute__((vector_size(8 * LANES)));
-
-template <typename T>
-inline vd load(const T* p) {
-  vd x;
-  for (int q = 0; q < LANES; q++) x[q] = double(p[q]);
-  return x;
+bool has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
-
-#if defined(__AVX512F__)
-inline vd widen(__m256i x) { return (vd)_mm512_cvtepi32_pd(x); }
-template <> inline vd load(const int8_t* p) {
-  return widen(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-template <> inline vd load(const uint8_t* p) {
-  return widen(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-template <> inline vd load(const int16_t* p) {
-  return widen(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)p)));
-}
-template <> inline vd load(const uint16_t* p) {
-  return widen(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)));
-}
-template <> inline vd load(const int32_t* p) {
-  return widen(_mm256_loadu_si256((const __m256i*)p));
-}
-#elif defined(__AVX2__)
-inline vd widen(__m128i x) { return (vd)_mm256_cvtepi32_pd(x); }
-inline __m128i four_bytes(const void* p) {
-  int32_t x;
-  __builtin_memcpy(&x, p, 4);
-  return _mm_cvtsi32_si128(x);
-}
-template <> inline vd load(const int8_t* p) { return widen(_mm_cvtepi8_epi32(four_bytes(p))); }
-template <> inline vd load(const uint8_t* p) { return widen(_mm_cvtepu8_epi32(four_bytes(p))); }
-template <> inline vd load(const int16_t* p) {
-  return widen(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-template <> inline vd load(const uint16_t* p) {
-  return widen(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-template <> inline vd load(const int32_t* p) {
-  return widen(_mm_loadu_si128((const __m128i*)p));
-}
-#endif
-
-inline vd loadw(const double* p) {
-  vd w;
-  __builtin_memcpy(&w, p, sizeof w);
-  return w;
-}
-
-inline double lanes(vd v) {
-  double total = 0;
-  for (int q = 0; q < LANES; q++) total += v[q];
-  return total;
-}
-
-// ROWS rows of M against COLS digit columns, each loaded once per four entries and used by
-// every row (the columns, not M, are most of the bytes read). With CHECK, each row's largest
-// entry magnitude is tracked too.
-template <typename T, int ROWS, int COLS, bool CHECK>
-void rows_times_columns(const T* M, int64_t ld, const double* W, int64_t inner, double* sums,
-                        int64_t rows_total, double* magnitude) {
-  vd acc[ROWS][COLS] = {};
-  vd top[ROWS] = {};
-  int64_t j = 0;
-  for (; j + LANES <= inner; j += LANES) {
-    vd w[COLS];
-    for (int c = 0; c < COLS; c++) w[c] = loadw(W + c * inner + j);
-    for (int r = 0; r < ROWS; r++) {
-      vd x = load(M + r * ld + j);
-      for (int c = 0; c < COLS; c++) acc[r][c] += x * w[c];
-      if (CHECK) {
-        vd a = x < 0 ? -x : x;
-        top[r] = a > top[r] ? a : top[r];
-      }
-    }
-  }
-  for (int r = 0; r < ROWS; r++) {
-    double tail[COLS] = {};
-    double most = 0;
-    for (int64_t q = j; q < inner; q++) {
-      double x = double(M[r * ld + q]);
-      for (int c = 0; c < COLS; c++) tail[c] += x * W[c * inner + q];
-      double a = x < 0 ? -x : x;
-      most = a > most ? a : most;
-    }
-    for (int c = 0; c < COLS; c++) sums[c * rows_total + r] = lanes(acc[r][c]) + tail[c];
-    if (CHECK) {
-      for (int q = 0; q < LANES; q++) most = top[r][q] > most ? top[r][q] : most;
-      magnitude[r] = most;
-    }
-  }
-}
-
-template <typename T, int COLS, bool CHECK>
-void all_rows(const T* M, int64_t rows, int64_t ld, const double* W, int64_t inner,
-              double* sums, int64_t rows_total, double* magnitude) {
-  // rows at a time: their accumulators, the columns and a row's entries fill the registers
-  constexpr int ROWS = COLS <= 2 ? REGISTERS / 4 : REGISTERS / 8;
-  int64_t i = 0;
-  for (; i + ROWS <= rows; i += ROWS)
-    rows_times_columns<T, ROWS, COLS, CHECK>(M + i * ld, ld, W, inner, sums + i, rows_total,
-                                             magnitude + i);
-  for (; i < rows; i++)
-    rows_times_columns<T, 1, COLS, CHECK>(M + i * ld, ld, W, inner, sums + i, rows_total,
-                                          magnitude + i);
-}
-
-template <typename T, int COLS>
-void group(const T* M, int64_t rows, int64_t ld, const double* W, int64_t inner, double* sums,
-           int64_t rows_total, double* magnitude) {
-  if (magnitude)
-    all_rows<T, COLS, true>(M, rows, ld, W, inner, sums, rows_total, magnitude);
-  else
-    all_rows<T, COLS, false>(M, rows, ld, W, inner, sums, rows_total, nullptr);
-}
-
-// Row blocks small enough to stay in cache while each group of up to 4 columns passes over
-// them; the first group also finds the rows' magnitudes when asked.
-template <typename T>
-void digit_sums(const T* M, int64_t rows, int64_t ld, const double* W, int64_t cols,
-                int64_t inner, double* sums, double* magnitude) {
-  constexpr int64_t kBlockRows = 16;
-  for (int64_t i0 = 0; i0 < rows; i0 += kBlockRows) {
-    const int64_t n = rows - i0 < kBlockRows ? rows - i0 : kBlockRows;
-    for (int64_t c0 = 0; c0 < cols; c0 += 4) {
-      const T* Mi = M + i0 * ld;
-      const double* Wc = W + c0 * inner;
-      double* out = sums + c0 * rows + i0;
-      double* mag = magnitude && c0 == 0 ? magnitude + i0 : nullptr;
-      switch (cols - c0 < 4 ? cols - c0 : 4) {
-        case 1: group<T, 1>(Mi, n, ld, Wc, inner, out, rows, mag); break;
-        case 2: group<T, 2>(Mi, n, ld, Wc, inner, out, rows, mag); break;
-        case 3: group<T, 3>(Mi, n, ld, Wc, inner, out, rows, mag); break;
-        default: group<T, 4>(Mi, n, ld, Wc, inner, out, rows, mag); break;
-      }
-    }
-  }
-}
+bool has_avx512() { return has_avx2() && __builtin_cpu_supports("avx512f"); }
 
 template <typename T>
 py::tuple typed(const py::array& M, const py::array_t<double, py::array::c_style>& W,
-                bool check) {
+                bool check, bool wide) {
   const int64_t rows = M.shape(0), inner = M.shape(1), cols = W.shape(0);
   const int64_t ld = M.strides(0) / int64_t(sizeof(T));
   py::array_t<double> sums({cols, rows});
@@ -180,13 +40,16 @@ py::tuple typed(const py::array& M, const py::array_t<double, py::array::c_style
   double* mag = check ? magnitude.mutable_data() : nullptr;
   {
     py::gil_scoped_release unlocked;
-    digit_sums<T>(data, rows, ld, w, cols, inner, s, mag);
+    if (wide)
+      exact_host::avx512::digit_sums<T>(data, rows, ld, w, cols, inner, s, mag);
+    else
+      exact_host::avx2::digit_sums<T>(data, rows, ld, w, cols, inner, s, mag);
   }
   return py::make_tuple(sums, check ? py::object(magnitude) : py::object(py::none()));
 }
 
-py::tuple digit_sums_entry(const py::array& M, const py::array_t<double, py::array::c_style>& W,
-                           bool check) {
+py::tuple digit_sums(const py::array& M, const py::array_t<double, py::array::c_style>& W,
+                     bool check, const std::string& isa) {
   if (M.ndim() != 2 || W.ndim() != 2)
     throw py::value_error("digit_sums takes a 2-D matrix and a 2-D (columns, inner) array");
   if (M.shape(1) != W.shape(1))
@@ -200,14 +63,19 @@ py::tuple digit_sums_entry(const py::array& M, const py::array_t<double, py::arr
     throw py::value_error("digit_sums needs each row's entries stored contiguously");
   if (!dt.attr("isnative").cast<bool>())
     throw py::value_error("digit_sums needs the native byte order");
+  if (isa != "avx512" && isa != "avx2")
+    throw py::value_error("isa must be 'avx512' or 'avx2', not '" + isa + "'");
+  if (isa == "avx512" && !has_avx512())
+    throw py::value_error("this CPU has no AVX-512");
+  const bool wide = isa == "avx512";
   switch (dt.kind() == 'i' ? size : -size) {
-    case 1: return typed<int8_t>(M, W, check);
-    case 2: return typed<int16_t>(M, W, check);
-    case 4: return typed<int32_t>(M, W, check);
-    case 8: return typed<int64_t>(M, W, check);
-    case -1: return typed<uint8_t>(M, W, check);
-    case -2: return typed<uint16_t>(M, W, check);
-    case -4: return typed<uint32_t>(M, W, check);
+    case 1: return typed<int8_t>(M, W, check, wide);
+    case 2: return typed<int16_t>(M, W, check, wide);
+    case 4: return typed<int32_t>(M, W, check, wide);
+    case 8: return typed<int64_t>(M, W, check, wide);
+    case -1: return typed<uint8_t>(M, W, check, wide);
+    case -2: return typed<uint16_t>(M, W, check, wide);
+    case -4: return typed<uint32_t>(M, W, check, wide);
     default: throw py::type_error("digit_sums does not take " + std::string(py::str(dt)));
   }
 }
@@ -215,9 +83,15 @@ py::tuple digit_sums_entry(const py::array& M, const py::array_t<double, py::arr
 }  // namespace
 
 PYBIND11_MODULE(exact_host, m) {
+  if (!has_avx2())
+    throw py::import_error("verifier.exact_host needs a CPU with AVX2 and FMA");
+  const char* best = has_avx512() ? "avx512" : "avx2";
   m.doc() = "The verifier's exact-mode host loop: integer matrix times float64 digit columns";
-  m.def("digit_sums", &digit_sums_entry, py::arg("M"), py::arg("W"), py::arg("check"),
+  m.attr("ISA") = best;
+  m.def("digit_sums", &digit_sums, py::arg("M"), py::arg("W"), py::arg("check"),
+        py::arg("isa") = best,
         "(sums, magnitudes): sums (cols, rows) float64 with sums[c, i] = sum_j M[i, j] W[c, j], "
         "exact when every partial sum is an integer within 2^53; with check, each row's "
-        "largest |M[i, j]| as float64 (else None).");
+        "largest |M[i, j]| as float64 (else None). isa: the loop to run, ISA (the widest "
+        "this CPU has) by default.");
 }

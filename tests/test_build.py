@@ -1,5 +1,6 @@
 """CMake configure of the project: the CUDA module is built only where a CUDA compiler exists."""
 
+import platform
 import re
 import shutil
 import subprocess
@@ -73,3 +74,6 @@ def test_configure_without_cuda_skips_it_cleanly(tmp_path, flag):
     assert "building the CUDA backend" not in output
     assert "ndarray_backend_cuda" not in build_files
     assert "ndarray_backend_cpu" in build_files
+    # the verifier's host loop, its kernel once per instruction set, on any x86-64 build
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert all(f"exact_host_{isa}" in build_files for isa in ("avx2", "avx512"))

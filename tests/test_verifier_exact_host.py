@@ -9,16 +9,18 @@ from verifier import P, exact
 from verifier.exact import SPLIT, digit_width
 
 pytestmark = pytest.mark.skipif(exact.exact_host is None,
-                                reason="verifier.exact_host was not built")
+                                reason="verifier.exact_host was not built (or no AVX2)")
+ISAS = ["avx2", "avx512"] if exact.exact_host and exact.exact_host.ISA == "avx512" else ["avx2"]
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32,
                                    np.uint32, np.int64])
-def test_digit_sums_equal_float64_matmul(dtype):
+def test_digit_sums_equal_float64_matmul(dtype, isa):
     """Rows and lengths that are not multiples of the kernel's 4 or 8 lanes and row groups,
     1 to 13 digit columns (groups of 4 and a remainder), the dtype's extremes, digits that
-    keep every partial sum within 2^53: equal to numpy's float64 product (itself exact
-    there), and the row magnitudes equal numpy's."""
+    keep every partial sum within 2^53, on each loop this CPU runs: equal to numpy's
+    float64 product (itself exact there), and the row magnitudes equal numpy's."""
     rng = np.random.default_rng(21)
     bound = min(exact.dtype_magnitude(dtype), SPLIT // 2)
     for rows, inner, cols in [(1, 1, 1), (3, 7, 2), (9, 33, 4), (17, 100, 5), (40, 257, 13)]:
@@ -29,10 +31,10 @@ def test_digit_sums_equal_float64_matmul(dtype):
         width = digit_width(bound, inner, 1 << 53)
         W = rng.integers(-(1 << (width - 1)), 1 << (width - 1), (cols, inner),
                          endpoint=True).astype(np.float64)
-        sums, magnitudes = exact.exact_host.digit_sums(M, W, True)
+        sums, magnitudes = exact.exact_host.digit_sums(M, W, True, isa)
         assert np.array_equal(sums, W @ M.T.astype(np.float64))
         assert np.array_equal(magnitudes, np.abs(M.astype(np.int64)).max(axis=1))
-        assert exact.exact_host.digit_sums(M, W, False)[1] is None
+        assert exact.exact_host.digit_sums(M, W, False, isa)[1] is None
 
 
 def test_native_mod_p_takes_any_layout():
@@ -66,3 +68,5 @@ def test_digit_sums_refuse_what_they_cannot_read():
         kernel(M.astype(">i2"), W, False)
     with pytest.raises(TypeError, match="does not take"):
         kernel(M.astype(np.uint64), W, False)
+    with pytest.raises(ValueError, match="isa must be"):
+        kernel(M, W, False, "sse2")
