@@ -38,13 +38,15 @@ def test_digit_sums_equal_float64_matmul(dtype, isa):
 
 
 def test_native_mod_p_takes_any_layout():
-    """Transposed, negatively strided, column-sliced and big-endian matrices: the same
-    residues as Python integers (those the kernel cannot read row by row are copied)."""
+    """Transposed, negatively strided, column-sliced, big-endian and unaligned matrices: the
+    same residues as Python integers (those the kernel cannot read row by row are copied)."""
     rng = np.random.default_rng(22)
     M = integers(rng, (30, 70), np.int32, small=True)
     V = rng.integers(0, P, (70, 2), dtype=np.int64)
     want = reference_mod_p(M, V)
-    views = [M, np.asfortranarray(M), M[::-1][::-1], M.astype(">i4")]
+    unaligned = np.frombuffer(b"\0" + M.tobytes(), np.int32, offset=1).reshape(M.shape)
+    assert not unaligned.flags.aligned
+    views = [M, np.asfortranarray(M), M[::-1][::-1], M.astype(">i4"), unaligned]
     for view in views:
         assert np.array_equal(exact.native_mod_p(view, V, 1 << 31), want)
     wide = integers(rng, (30, 140), np.int32, small=True)

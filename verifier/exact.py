@@ -150,7 +150,7 @@ def native_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = N
     inner, cols = V.shape
     width = digit_width(bound if limit is None else limit, inner, 1 << 53)
     W = signed_digits(np, V, width).reshape(-1, inner).astype(np.float64)
-    if not (M.dtype.isnative and M.strides[0] % M.itemsize == 0
+    if not (M.dtype.isnative and M.flags.aligned and M.strides[0] % M.itemsize == 0
             and (M.shape[1] <= 1 or M.strides[1] == M.itemsize)):
         M = np.ascontiguousarray(M, M.dtype.newbyteorder("="))
     sums, magnitudes = exact_host.digit_sums(M, W, limit is not None)
