@@ -48,6 +48,17 @@ def matmul_flops(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     return 2 * batch * m * k * b_shape[-1]
 
 
+def _valid_operands(a, b) -> bool:
+    """Whether NDArrays a @ b is a product the local matmul would compute."""
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2] or a.device != b.device:
+        return False
+    try:
+        np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass
 class Offload:
     """The active policy: which matmuls go to `executor`, and counts of what went where."""
@@ -59,9 +70,16 @@ class Offload:
     offloaded_flops: int = 0
 
     def matmul(self, a, b):
-        """The product of NDArrays `a @ b` from the executor, or None to compute it locally."""
+        """The product of NDArrays `a @ b` from the executor, or None to compute it locally.
+
+        Operands the local product would refuse (under 2-D, inner or batch dimensions that do
+        not match, different devices) are declined uncounted, so that it raises its usual
+        error rather than the executor hiding or mis-reporting it; an empty product (no
+        flops) stays local whatever min_flops is, as no job can hold an empty operand."""
+        if not _valid_operands(a, b):
+            return None
         flops = matmul_flops(tuple(a.shape), tuple(b.shape))
-        if flops < self.min_flops:
+        if flops == 0 or flops < self.min_flops:
             self.local += 1
             return None
         c = self.product(a.numpy(), b.numpy())

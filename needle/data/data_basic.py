@@ -65,10 +65,12 @@ class DataLoader:
     def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, seed: int | None = None, device=None,
                  dtype: str = "float32"):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        # a float or bool batch_size would fail only at the first iteration, obscurely
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
+                or batch_size < 1:
+            raise ValueError(f"batch_size must be positive and an integer, got {batch_size!r}")
         self.dataset = dataset
-        self.batch_size = batch_size
+        self.batch_size = int(batch_size)
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.device = device

@@ -1,5 +1,5 @@
-"""Per-example image transforms on H x W x C arrays (randomness from numpy's global generator,
-so np.random.seed makes them reproducible)."""
+"""Per-example image transforms on H x W x C (or H x W) arrays (randomness from numpy's global
+generator, so np.random.seed makes them reproducible)."""
 import numpy as np
 
 
@@ -10,7 +10,7 @@ class RandomFlipHorizontal:
         self.p = p
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
-        return img[:, ::-1, :] if np.random.rand() < self.p else img
+        return img[:, ::-1] if np.random.rand() < self.p else img  # H x W as well as H x W x C
 
 
 class RandomCrop:
@@ -18,14 +18,16 @@ class RandomCrop:
     (a random crop of the zero-padded image, same size as the input)."""
 
     def __init__(self, padding: int = 3):
+        if padding < 0:  # else an obscure error from numpy at the first image
+            raise ValueError(f"RandomCrop padding must be >= 0, got {padding}")
         self.padding = padding
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
         p = self.padding
         shift_x, shift_y = np.random.randint(low=-p, high=p + 1, size=2)
         h, w = img.shape[:2]
-        padded = np.pad(img, ((p, p), (p, p), (0, 0)))
-        return padded[p + shift_x : p + shift_x + h, p + shift_y : p + shift_y + w, :]
+        padded = np.pad(img, ((p, p), (p, p)) + ((0, 0),) * (img.ndim - 2))
+        return padded[p + shift_x : p + shift_x + h, p + shift_y : p + shift_y + w]
 
 
 class Normalize:
@@ -34,7 +36,7 @@ class Normalize:
     def __init__(self, mean, std):
         self.mean = np.asarray(mean, dtype=np.float32)
         self.std = np.asarray(std, dtype=np.float32)
-        if np.any(self.std <= 0):
+        if not np.all(self.std > 0):  # also refuses NaN
             raise ValueError(f"Normalize std must be positive, got {std}")
 
     def __call__(self, img: np.ndarray) -> np.ndarray:

@@ -1,6 +1,7 @@
 """MNIST from the original idx files (gzip-compressed or not)."""
 import gzip
 import struct
+import zlib
 
 import numpy as np
 
@@ -16,8 +17,21 @@ def _read(path: str) -> bytes:
         return raw
     try:
         return gzip.decompress(raw)
-    except (OSError, EOFError) as err:  # BadGzipFile is an OSError; a cut file is an EOFError
+    # BadGzipFile is an OSError, a cut file an EOFError, a damaged deflate stream a zlib.error
+    except (OSError, EOFError, zlib.error) as err:
         raise ValueError(f"{path}: corrupt or truncated gzip data ({err})") from err
+
+
+def _check_header(path: str, raw: bytes, magic: int, header: int, kind: str) -> None:
+    """ValueError naming the file unless raw starts with a whole idx header of this magic."""
+    if not raw:
+        raise ValueError(f"{path}: empty file, expected an idx {kind} file")
+    found = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
+    if found != magic:
+        raise ValueError(f"{path}: not an idx {kind} file (magic {found}, expected {magic})")
+    if len(raw) < header:
+        raise ValueError(f"{path}: {len(raw)} bytes, too short for the {header}-byte idx "
+                         f"{kind} header")
 
 
 def parse_mnist(image_filename: str, label_filename: str) -> tuple[np.ndarray, np.ndarray]:
@@ -29,10 +43,8 @@ def parse_mnist(image_filename: str, label_filename: str) -> tuple[np.ndarray, n
 def _parse(image_filename: str, label_filename: str
            ) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     images, labels = _read(image_filename), _read(label_filename)
-    if len(images) < 16 or struct.unpack(">I", images[:4])[0] != _IMAGES_MAGIC:
-        raise ValueError(f"{image_filename}: not an idx image file (magic {_IMAGES_MAGIC})")
-    if len(labels) < 8 or struct.unpack(">I", labels[:4])[0] != _LABELS_MAGIC:
-        raise ValueError(f"{label_filename}: not an idx label file (magic {_LABELS_MAGIC})")
+    _check_header(image_filename, images, _IMAGES_MAGIC, 16, "image")
+    _check_header(label_filename, labels, _LABELS_MAGIC, 8, "label")
     n, rows, cols = struct.unpack(">III", images[4:16])
     (n_labels,) = struct.unpack(">I", labels[4:8])
     if len(images) != 16 + n * rows * cols:

@@ -32,18 +32,32 @@ class Corpus:
         self.test = self.tokenize(os.path.join(base_dir, "test.txt"), max_lines)
 
     def tokenize(self, path: str, max_lines: int | None = None) -> list[int]:
-        ids = []
+        """Ids of the words of the first max_lines lines (all when None), each line followed
+        by '<eos>'. An empty file, or one that is not UTF-8 text, raises ValueError naming it."""
+        if max_lines is not None and max_lines < 0:
+            raise ValueError(f"max_lines must be None or >= 0, got {max_lines}")
+        ids, lines = [], 0
         with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f):
-                if max_lines is not None and n >= max_lines:
-                    break
-                ids.extend(self.dictionary.add_word(word) for word in line.split() + ["<eos>"])
+            try:
+                for line in f:
+                    if max_lines is not None and lines >= max_lines:
+                        break
+                    lines += 1
+                    ids.extend(self.dictionary.add_word(word)
+                               for word in line.split() + ["<eos>"])
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}: not UTF-8 text ({err})") from None
+        if lines == 0 and max_lines != 0:
+            raise ValueError(f"{path}: empty file, expected one sentence a line")
         return ids
 
 
 def batchify(data, batch_size: int, device=None, dtype: str = "float32") -> np.ndarray:
     """Cut the token stream into batch_size columns: (len(data) // batch_size, batch_size).
     device and dtype are accepted for the course's signature; get_batch makes the Tensors."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     rows = len(data) // batch_size
     if rows == 0:
         raise ValueError(f"{len(data)} tokens are too few for batch_size {batch_size}")
@@ -53,6 +67,10 @@ def batchify(data, batch_size: int, device=None, dtype: str = "float32") -> np.n
 def get_batch(batches: np.ndarray, i: int, bptt: int, device=None, dtype="float32"):
     """Inputs rows i..i+L-1 (L, batch) and their next tokens flattened (L * batch,),
     L = min(bptt, rows - 1 - i)."""
+    if bptt < 1:
+        raise ValueError(f"bptt must be positive, got {bptt}")
+    if i < 0:  # a negative start would slice from the end: inputs and targets misaligned
+        raise IndexError(f"batch start {i} is negative")
     length = min(bptt, len(batches) - 1 - i)
     if length <= 0:
         raise IndexError(f"batch start {i} leaves no targets in {len(batches)} rows")
