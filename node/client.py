@@ -80,6 +80,13 @@ def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int
             raise ValueError(f"{name} contains NaN or infinity")
     if a.dtype != np.float32:
         _check_exact_range(a, b)
+    else:
+        from verifier.floating import MAX_INNER
+
+        if a.shape[-1] >= MAX_INNER:  # the chain would cancel the job at finalisation
+            raise ValueError(f"inner dimension k = {a.shape[-1]} is too large for a float32 "
+                             f"job: the verifier bounds rounding errors only for k < "
+                             f"{MAX_INNER}; split the product along k")
     return batch, a.shape[-2], a.shape[-1], b.shape[-1]
 
 

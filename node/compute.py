@@ -14,7 +14,9 @@ import os
 
 import numpy as np
 
-from verifier.exact import data_magnitude
+from verifier.exact import data_magnitude, dtype_magnitude
+from verifier.floating import MAX_INNER
+from verifier.rng import P
 
 FLOAT_DTYPES = (np.float32,)
 EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
@@ -63,7 +65,12 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, device) -> np.ndarray:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
-    """C = A @ B for a job's operands (2-D or batched 3-D with equal batch)."""
+    """C = A @ B for a job's operands (2-D or batched 3-D with equal batch; a 2-D A with a
+    (1, k, n) B gives a (1, m, n) C)."""
+    if a.ndim == 2 and b.ndim == 3 and b.shape[0] == 1:
+        # a batch-1 job may name a 2-D A and a (1, k, n) B (the chain accepts both shapes):
+        # C is (1, m, n), as numpy's matmul broadcasts it and the chain accepts
+        a = a[np.newaxis]
     if a.ndim not in (2, 3) or b.ndim not in (2, a.ndim):
         raise ValueError(f"operands must be 2-D, or 3-D A with 3-D or 2-D B, got {a.shape} "
                          f"and {b.shape}")
@@ -190,6 +197,35 @@ def check_operands(a: np.ndarray, b: np.ndarray, dims: tuple[int, int, int, int]
                                f"{'an integer type' if exact else 'float32'}")
         if not exact and not np.isfinite(array).all():
             raise OperandError(f"{name} holds NaN or Inf")
+    # the verifier's bounds: beyond them the chain cancels the job at finalisation
+    if not exact and k >= MAX_INNER:
+        raise OperandError(f"k = {k} is too large for a float32 error bound (the verifier "
+                           f"takes k < {MAX_INNER})")
+    if exact and 2 * k * dtype_magnitude(a.dtype) * dtype_magnitude(b.dtype) >= P:
+        bound = k * data_magnitude(a) * data_magnitude(b)
+        if 2 * bound >= P:
+            raise OperandError(f"k * max|A| * max|B| = {bound} is not below (2^61 - 1) / 2, "
+                               "the bound the exact verifier needs")
+
+
+def may_overflow(a: np.ndarray, b: np.ndarray, exact: bool) -> bool:
+    """Whether a float job's product might exceed float32's range (k max|A| max|B| does):
+    such a job is computed before it is claimed, to see whether it does."""
+    if exact:
+        return False
+    def largest(x: np.ndarray) -> float:  # max |x| without an absolute-value copy
+        return max(float(x.max(initial=0)), -float(x.min(initial=0)))
+
+    return largest(a) * largest(b) * a.shape[-1] >= float(np.finfo(np.float32).max) / 2
+
+
+def check_result(c: np.ndarray, exact: bool) -> None:
+    """OperandError if a float job's C holds NaN or Inf: the product of finite operands
+    overflowed float32, and the chain fails every such C (a 50 % stake slash), so it must
+    never be committed."""
+    if not exact and not np.isfinite(c).all():
+        raise OperandError("A @ B overflows float32 (C would hold Inf or NaN, which the "
+                           "chain's check fails): no result of this job can pass")
 
 
 def _check_shape(name: str, array: np.ndarray, allowed: list[tuple[int, ...]]) -> None:

@@ -35,6 +35,7 @@ from node.market import (
     FINALIZE_JOBS_GAS,
     JOB_CLAIMED,
     JOB_COMMITTED,
+    JOB_DONE,
     JOB_OPEN,
     PRECISIONS,
     PRESIGN_BYTES,
@@ -392,13 +393,38 @@ class Worker:
                 continue
             job = self.chain.job(record.job_id)
             if job.worker != self.address or job.status not in (JOB_CLAIMED, JOB_COMMITTED):
-                self._set_stage(record, "lost", "no longer ours after restart")
+                self._settle_after_restart(record, job)
                 continue
             log.info("resuming job %d (%s)", record.job_id, record.stage)
             self.metrics.in_flight.inc()
             self._tasks += 1
             start = "finalize" if job.status == JOB_COMMITTED else "compute"
             self._pool.submit(self._process, record, job, start)
+
+    def _settle_after_restart(self, record: JobRecord, job: Job) -> None:
+        """A saved job in flight that is no longer this worker's claim or commit: the
+        crash came after its verdict (Done by this worker: verified and paid; a commit
+        failed: slashed) or before its claim (still open: taken again, as its event lies
+        before the block the scan resumes from), else another worker has it."""
+        if job.status == JOB_DONE and job.worker == self.address:
+            verdict = self._retry(self.chain.verdict, job.job_id, self.address)
+            self._record_verdict(record, verdict or Verdict(True, fee_wei=job.fee_wei))
+            return
+        if record.stage == "committed":
+            verdict = self._retry(self.chain.verdict, job.job_id, self.address)
+            if verdict is not None and not verdict.passed:
+                self._record_verdict(record, verdict)
+        unclaimed = record.stage == "fetching" or (
+            record.stage == "computing" and job.status == JOB_OPEN)  # a small job's, uncommitted
+        if unclaimed:  # never this worker's job: no record of it
+            with self._lock:
+                self.jobs.remove(record)
+            self._save_state()
+        if job.status == JOB_OPEN:
+            self._candidates[job.job_id] = job
+            self._seen[job.job_id] = time.monotonic()
+        if record.stage not in FINISHED and record in self.jobs:
+            self._set_stage(record, "lost", "no longer ours after restart")
 
     def _poll(self, head: int, events: list | None = None) -> None:
         """Take in blocks up to `head` (`events`: the market's events in the blocks not
@@ -528,9 +554,18 @@ class Worker:
         try:
             if start in ("claim", "compute"):
                 operands = self._fetch_operands(record, job)
-                if operands is None or (start == "claim" and not self._try_claim(record)):
+                if operands is None:
                     return
-                self._compute_and_commit(record, job, *operands)
+                c = None
+                if start == "claim" and compute.may_overflow(*operands, job.precision == 0):
+                    # a product that may overflow float32 is computed before the claim: a C
+                    # holding Inf is slashed, so such a job must be skipped, not claimed
+                    c = self._compute(record, job, *operands)
+                    if c is None:
+                        return
+                if start == "claim" and not self._try_claim(record):
+                    return
+                self._compute_and_commit(record, job, *operands, c)
             self._finalize(record, job)
         except TxReverted as err:
             log.warning("job %d: transaction reverted: %s", record.job_id, err)
@@ -667,6 +702,7 @@ class Worker:
             a, b = self._operands(job)
             mark("worker fetched")
             c = compute.matmul(a, b, self.device)
+            compute.check_result(c, job.precision == 0)
             if self.config.corrupt_results:
                 c = compute.corrupt(c, self._rng)
             return c, None
@@ -693,13 +729,31 @@ class Worker:
             self._record_verdict(record, verdict, save=False)
         self._save_state()
 
+    def _compute(self, record: JobRecord, job: Job, a: np.ndarray,
+                 b: np.ndarray) -> np.ndarray | None:
+        """C before any transaction for the job; None if the job was skipped for it (a
+        float product that overflows)."""
+        t1 = time.perf_counter()
+        c = compute.matmul(a, b, self.device)
+        self.metrics.stage_latency.labels("compute").observe(time.perf_counter() - t1)
+        try:
+            compute.check_result(c, job.precision == 0)
+        except compute.OperandError as err:
+            self._skip(record, err)
+            return None
+        return c
+
     def _compute_and_commit(self, record: JobRecord, job: Job, a: np.ndarray,
-                            b: np.ndarray) -> None:
+                            b: np.ndarray, c: np.ndarray | None = None) -> None:
+        """Compute C (unless given, computed before the claim), upload it and commit it.
+        A C holding Inf or NaN is never committed: the chain would slash it."""
         if self.config.stall_after_claim:
             self._stop.wait(self.config.stall_after_claim)
         self._set_stage(record, "computing")
         t1 = time.perf_counter()
-        c = compute.matmul(a, b, self.device)
+        if c is None:
+            c = compute.matmul(a, b, self.device)
+            compute.check_result(c, job.precision == 0)
         if self.config.corrupt_results:
             c = compute.corrupt(c, self._rng)
         t2 = time.perf_counter()
