@@ -256,7 +256,7 @@ class JobClient:
                         if p is not None and p.result is None:
                             self._apply(p, event)
                     next_block = head + 1
-                    self._fetch_committed(pending)
+                self._fetch_committed(pending, deadline)
                 for p in pending:
                     if p.result is None:
                         self._nudge(p, head)
@@ -310,9 +310,11 @@ class JobClient:
         elif name == "JobVerified":
             _enter(p, "verified")  # finalised with a pass: the fee went to the worker
 
-    def _fetch_committed(self, pending: list[_Pending]) -> None:
+    def _fetch_committed(self, pending: list[_Pending], deadline: float) -> None:
         """Fetch and check the results committed since the last block (several at a time),
-        and hand out those the chain verified."""
+        and hand out those the chain verified. A verified result whose download failed (the
+        store unreachable for a moment, a cut connection) is paid for: it is fetched again
+        each block until the deadline rather than given up at the first failure."""
         todo = [p for p in pending if p.stage in ("committed", "verified") and p.result is None
                 and (p.early is None or p.early[0] != p.c_id)]
         fetched = map(self._try_fetch, todo) if len(todo) < 2 else \
@@ -322,9 +324,19 @@ class JobClient:
             mark("job fetched and checked")
         for p in pending:
             if p.stage == "verified" and p.result is None:
-                if isinstance(p.early[1], RemoteJobError):
-                    raise p.early[1]
-                p.result = p.early[1]
+                found = p.early[1]
+                if isinstance(found, RemoteJobError):
+                    if found.stage == "fetch" and time.time() < deadline:
+                        p.early = None  # fetched again with the next block
+                        continue
+                    if found.stage == "fetch":
+                        cause = found.__cause__ or found
+                        raise RemoteJobError(
+                            "fetch", f"{type(cause).__name__}: {cause}; the result is "
+                            f"verified and paid for: `needle-net fetch {p.job_id} -o C.npy` "
+                            "downloads it", p.job_id) from found
+                    raise found
+                p.result = found
                 _enter(p, "paid")
 
     def _try_fetch(self, p: _Pending) -> np.ndarray | RemoteJobError:

@@ -258,3 +258,85 @@ def test_client_refuses_a_float_job_no_verifier_can_bound_before_spending_a_fee(
     from node.client import validate_operands
     assert validate_operands(ok, ok.T.copy(), 1 << 30) == (1, 1, K_FLOAT_LIMIT - 1, 1)
 
+
+
+class _FlakyBlobProxy:
+    """A real HTTP server on 127.0.0.1 in front of the node's blob store that answers the
+    first `failures` GETs with 503 (a store restarting, a proxy hiccup) and relays the rest."""
+
+    def __init__(self, upstream: str, failures: int) -> None:
+        import http.client
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        proxy = self
+        self.failures, self.gets = failures, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):  # noqa: N802 - http.server's name
+                proxy.gets += 1
+                if proxy.gets <= proxy.failures:
+                    body = b"try again later"
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                conn.request("GET", self.path)
+                response = conn.getresponse()
+                body = response.read()
+                conn.close()
+                self.send_response(response.status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}{target.path}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("failures", [2, 10**6])
+def test_a_verified_result_whose_download_fails_is_fetched_again(node, tmp_path, failures):
+    """The client fetches C as soon as it is committed. A failed download used to be final:
+    once the chain verified the job (the fee paid), wait() raised and the result was left
+    behind. Now it is fetched again each block until the deadline, and if it never arrives
+    the error says how to download the paid-for result later."""
+    from chain.blobhttp import BlobClient
+
+    rng = np.random.default_rng(failures % 97)
+    a, b = rng.standard_normal((24, 16), np.float32), rng.standard_normal((16, 8), np.float32)
+    account = dev_accounts(7)[6]
+    worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
+                    account)
+    thread = _run(worker)
+    client = JobClient(node.url, dev_account(3), timeout=25, poll_interval=0.2)
+    proxy = _FlakyBlobProxy(client.market.client.info["blob_url"], failures)
+    try:
+        pending = client.submit([(a, b)])
+        client.market.blobs = BlobClient(proxy.url, client.market.max_blob_bytes)
+        if failures == 2:
+            (c,) = client.wait(pending)
+            np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+            assert proxy.gets == 3
+        else:
+            with pytest.raises(RemoteJobError, match="needle-net fetch") as raised:
+                client.wait(pending)
+            assert raised.value.stage == "fetch" and "503" in str(raised.value)
+            assert proxy.gets > 2  # fetched again, not given up at the first failure
+            assert client.market.job(pending[0].job_id).status == JOB_DONE  # paid for
+    finally:
+        proxy.close()
+        client.close()
+        _stop(worker, thread)
