@@ -18,8 +18,10 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from eth.abc import SignedTransactionAPI
-from eth.constants import SECPK1_N
+from eth.constants import GAS_TX, SECPK1_N
+from eth.vm.forks.prague.constants import STANDARD_TOKEN_COST, TOTAL_COST_FLOOR_PER_TOKEN
 from eth.vm.forks.prague.transactions import PragueTransactionBuilder
+from eth.vm.forks.shanghai.constants import MAX_INITCODE_SIZE
 from eth_utils import ValidationError
 
 from chain.params import CHAIN_ID
@@ -40,6 +42,15 @@ def validate_fee_caps(tx: SignedTransactionAPI) -> None:
     if tx.max_priority_fee_per_gas > tx.max_fee_per_gas:
         raise ValidationError(f"maxPriorityFeePerGas {tx.max_priority_fee_per_gas} is above "
                               f"maxFeePerGas {tx.max_fee_per_gas}")
+
+
+def calldata_floor_gas(data: bytes) -> int:
+    """EIP-7623's floor: the least gas a transaction with this calldata may be given (Prague
+    makes one below it invalid). py-evm charges the floor but does not refuse such a
+    transaction, so a block charged its sender more gas than its limit allowed."""
+    zeros = data.count(0)
+    tokens = zeros + (len(data) - zeros) * STANDARD_TOKEN_COST
+    return GAS_TX + TOTAL_COST_FLOOR_PER_TOKEN * tokens
 
 
 def decode_transaction(raw: bytes) -> SignedTransactionAPI:
@@ -68,6 +79,21 @@ def decode_transaction(raw: bytes) -> SignedTransactionAPI:
     except Exception as exc:
         raise TxRejected(f"invalid signature: {exc}") from exc
     return tx
+
+
+def check_prague_limits(tx: SignedTransactionAPI) -> None:
+    """Prague's validity rules on a transaction's gas and data that py-evm does not enforce:
+    EIP-7623's calldata floor (py-evm mined a transaction below it and charged the floor,
+    gasUsed above the gas limit the sender signed) and EIP-3860's initcode limit (mined as a
+    failure that burned all its gas). TxRejected says which; the node applies it to every
+    transaction it admits (Node._admit)."""
+    floor = calldata_floor_gas(tx.data)
+    if tx.gas < floor:
+        raise TxRejected(f"intrinsic gas too low: gas {tx.gas} is below the calldata floor "
+                         f"{floor} (EIP-7623)")
+    if not tx.to and len(tx.data) > MAX_INITCODE_SIZE:
+        raise TxRejected(f"max initcode size exceeded: {len(tx.data)} bytes, the limit is "
+                         f"{MAX_INITCODE_SIZE} (EIP-3860)")
 
 
 def decode_all(raws: list[bytes]) -> list[SignedTransactionAPI | TxRejected]:

@@ -116,15 +116,19 @@ class SqliteDB(BaseDB):
         writes = [(k, v) for k, v in pending.items() if v is not None]
         deletes = [(k,) for k, v in pending.items() if v is None]
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
             try:
+                self._conn.execute("BEGIN IMMEDIATE")
                 self._conn.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", writes)
                 self._conn.executemany("DELETE FROM kv WHERE key = ?", deletes)
+                # a COMMIT that fails (I/O error, disk full) leaves the transaction open:
+                # rolled back below, or every later flush failed ("cannot start a transaction
+                # within a transaction") and reads saw the block's uncommitted rows
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 self._pending = {**pending, **self._pending}
                 raise
-            self._conn.execute("COMMIT")
         for key, value in pending.items():
             if value is None:
                 self._cache.pop(key, None)

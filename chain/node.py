@@ -24,7 +24,13 @@ from eth.db.chain import ChainDB
 from eth.exceptions import CanonicalHeadNotFound
 from eth.vm.forks.london.headers import calculate_expected_base_fee_per_gas
 
-from chain.admission import BatchDecoder, TxRejected, decode_all, decode_transaction
+from chain.admission import (
+    BatchDecoder,
+    TxRejected,
+    check_prague_limits,
+    decode_all,
+    decode_transaction,
+)
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES, BlobStore
 from chain.consensus import verified_work, work_seal
 from chain.db import DATABASE_FILE, SqliteDB, lock_data_dir
@@ -222,6 +228,7 @@ class Node:
                 raise TxRejected(f"gas {tx.gas} exceeds the block gas limit {head.gas_limit}")
             if tx.gas < tx.intrinsic_gas:
                 raise TxRejected(f"intrinsic gas too low: {tx.gas} < {tx.intrinsic_gas}")
+            check_prague_limits(tx)
             if tx.max_fee_per_gas < base_fee:
                 raise TxRejected(f"max fee per gas {tx.max_fee_per_gas} is below the base fee "
                                  f"{base_fee}")

@@ -14,14 +14,16 @@ from collections.abc import Callable
 from urllib.parse import parse_qs
 
 import anyio
+import numpy as np
 import rlp
 from eth._utils.address import generate_contract_address
-from eth.exceptions import HeaderNotFound, Revert, TransactionNotFound
+from eth.exceptions import HeaderNotFound, OutOfGas, Revert, TransactionNotFound
 from eth.vm.spoof import SpoofTransaction
 from eth_abi import decode as abi_decode
 from eth_utils import to_checksum_address
 from fastapi import FastAPI, Request
 
+from chain.admission import calldata_floor_gas
 from chain.blobhttp import BlobApp, json_reply
 from chain.blobserver import blob_url
 from chain.compile import compiled_market
@@ -33,6 +35,11 @@ CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
 REVERT_SELECTOR = bytes.fromhex("08c379a0")
 FILTER_TTL = 300.0
 UINT256_LIMIT = 2**256  # quantities (values, slots, block numbers) are below it
+MAX_TOPICS = 4  # LOG0..LOG4: a filter with more positions can match nothing (geth refuses it)
+# JSON nested deeper than this is refused before it is parsed: json's C scanner recurses once
+# per level, and with the recursion limit py_ecc sets (100,000) a body of ~100k '[' (200 kB)
+# overflowed the C stack and killed the node. A JSON-RPC request nests a handful of levels.
+MAX_JSON_DEPTH = 256
 
 
 class RpcError(Exception):
@@ -86,6 +93,36 @@ def checksummed(address: bytes) -> str:
 
 
 HEX_QUANTITY = re.compile(r"0x[0-9a-fA-F]+")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as int8
+
+
+def json_nesting_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `body` nests arrays/objects deeper than `limit` outside its strings, as json's
+    scanner would recurse into them (for invalid JSON: up to its first error). Linear, in C
+    (bytes methods and numpy): it runs before every parse of a large batch."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    # strings cannot hold a raw '"' or backslash outside an escape: drop escaped backslashes,
+    # then escaped quotes, and every other piece between quotes is outside a string
+    plain = bytes(body).replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(plain.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    steps = np.frombuffer(outside.translate(_BRACKET_STEPS), dtype=np.int8)
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0)) > limit
+
+
+def _reject_constant(name: str):
+    """json's parse_constant: NaN and Infinity are not JSON (RFC 8259); parsing them made ids
+    and params the reply then wrote back as invalid JSON."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def valid_id(rid) -> bool:
+    """JSON-RPC 2.0: an id is a string, a number or null (a non-finite float cannot be
+    written back as JSON)."""
+    if rid is None or isinstance(rid, str) or type(rid) is int:
+        return True
+    return type(rid) is float and math.isfinite(rid)
 
 
 def parse_quantity(value, name: str) -> int:
@@ -115,6 +152,16 @@ def parse_data(value, name: str, size: int | None = None) -> bytes:
     return raw
 
 
+def parse_bool(value, name: str) -> bool:
+    """A JSON boolean, null read as false (as geth); anything else is invalid (bool() read
+    the string "false" as true)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid_params(f"{name} must be a boolean, got {value!r}")
+    return value
+
+
 def parse_address(value, name: str = "address") -> bytes:
     return parse_data(value, name, 20)
 
@@ -137,15 +184,23 @@ def parse_log_filter(criteria) -> tuple[set[str] | None, list[set[str] | None]]:
     topics = criteria.get("topics") or []
     if not isinstance(topics, list):
         raise invalid_params("topics must be an array")
+    if len(topics) > MAX_TOPICS:
+        raise invalid_params(f"topics has {len(topics)} positions; a log has at most "
+                             f"{MAX_TOPICS}")
     topic_sets = []
     for i, topic in enumerate(topics):
         name = f"topics[{i}]"
         if topic is None:
             topic_sets.append(None)
         elif isinstance(topic, list):  # any of these; an empty list matches any (as geth)
-            topic_sets.append({d(parse_hash(t, name)) for t in topic} or None)
+            options = {d(parse_hash(t, name)) for t in topic if t is not None}
+            # a null among the options matches any topic there, as geth reads it
+            topic_sets.append(None if not options or None in topic else options)
         else:
             topic_sets.append({d(parse_hash(topic, name))})
+    if criteria.get("blockHash") is not None and (criteria.get("fromBlock") is not None
+                                                   or criteria.get("toBlock") is not None):
+        raise invalid_params("blockHash cannot be combined with fromBlock or toBlock (EIP-234)")
     return wanted, topic_sets
 
 
@@ -244,7 +299,8 @@ class Rpc:
                 return self._error(None, RpcError(-32600, "invalid request: empty batch"))
             decoded = self._decode_raw_transactions(payload)
             replies = [self._one(item, decoded.get(i)) for i, item in enumerate(payload)]
-            return [r for r in replies if r is not None]
+            # a batch of notifications only is answered with nothing, not [] (JSON-RPC 2.0)
+            return [r for r in replies if r is not None] or None
         return self._one(payload)
 
     def _decode_raw_transactions(self, batch: list) -> dict:
@@ -262,10 +318,23 @@ class Rpc:
         return dict(zip(raws, self.node.decode_many(list(raws.values())), strict=True))
 
     def _one(self, request, decoded=None) -> dict | None:
+        """One request's reply; None for a notification (no id), which JSON-RPC 2.0 never
+        answers, not even with an error (it still runs). A request that is not a valid
+        request object at all is answered -32600 with id null."""
         if not isinstance(request, dict) or not isinstance(request.get("method"), str):
             return self._error(None, RpcError(-32600, "invalid request: expected an object "
                                                       "with a method"))
+        if request.get("jsonrpc") != "2.0":
+            return self._error(None, RpcError(-32600, 'invalid request: "jsonrpc" must be '
+                                                      '"2.0"'))
         rid = request.get("id")
+        if not valid_id(rid):
+            return self._error(None, RpcError(-32600, "invalid request: id must be a string, "
+                                                      "a number or null"))
+        reply = self._reply(request, rid, decoded)
+        return reply if "id" in request else None
+
+    def _reply(self, request: dict, rid, decoded) -> dict:
         params = request.get("params", [])
         if not isinstance(params, list):
             return self._error(rid, invalid_params("params must be an array"))
@@ -291,8 +360,6 @@ class Rpc:
             return self._error(rid, RpcError(-32000, str(exc)))
         except Exception as exc:  # a bug must not kill the server: report it to the caller
             return self._error(rid, RpcError(-32603, f"internal error: {exc!r}"))
-        if "id" not in request:
-            return None
         return {"jsonrpc": "2.0", "id": rid, "result": result}
 
     @staticmethod
@@ -340,17 +407,23 @@ class Rpc:
             nonce=state.get_nonce(sender), gas_price=0, gas=min(gas, gas_cap), to=to,
             value=value, data=data,
         )
+        if tx.gas < tx.intrinsic_gas:  # py-evm would fail on a negative message gas (-32603)
+            raise RpcError(-32000, f"intrinsic gas too low: gas {tx.gas} < intrinsic gas "
+                                   f"{tx.intrinsic_gas}")
         return SpoofTransaction(tx, from_=sender)
 
-    def _execute(self, call: dict, tag):
-        """Run a call in the context of the block after ``tag`` (costless, discarded)."""
+    def _execute(self, call: dict, tag, allowance: int | None = None):
+        """Run a call in the context of the block after ``tag`` (costless, discarded), with
+        at most ``allowance`` gas where given (eth_estimateGas's cap)."""
         header = self.header_at(tag)
         with self.node.chain.get_vm(header).in_costless_state() as state:
-            tx = self._spoof(call, state, header.gas_limit)
+            tx = self._spoof(call, state, min(header.gas_limit, allowance or header.gas_limit))
             computation = state.costless_execute_transaction(tx)
         if computation.is_error:
             if isinstance(computation.error, Revert):
                 raise revert_error(computation.output)
+            if allowance is not None and isinstance(computation.error, OutOfGas):
+                raise RpcError(-32000, f"gas required exceeds allowance ({tx.gas})")
             raise RpcError(-32000, f"execution failed: {computation.error!r}")
         return tx, computation
 
@@ -421,7 +494,7 @@ class Rpc:
         return out
 
     def _log_range(self, criteria: dict) -> tuple[int, int]:
-        if criteria.get("blockHash"):
+        if criteria.get("blockHash") is not None:
             header = self.header_at({"blockHash": criteria["blockHash"]})
             return header.block_number, header.block_number
         first = self.header_at(criteria.get("fromBlock", "latest")).block_number
@@ -475,11 +548,22 @@ class Rpc:
         return d(self._execute(call, block)[1].output)
 
     def rpc_eth__estimateGas(self, call, block="latest", *_overrides):
+        """Gas for the call with a margin, within the caller's `gas` (its allowance, as geth)
+        and never below EIP-7623's calldata floor, which admission requires."""
+        if not isinstance(call, dict):
+            raise invalid_params("call must be an object")
         header = self.header_at(block)
-        tx, computation = self._execute({**call, "gas": None}, block)
+        allowance = header.gas_limit
+        if call.get("gas"):
+            allowance = min(allowance, parse_quantity(call["gas"], "gas"))
+        tx, computation = self._execute({**call, "gas": None}, block, allowance)
         used = tx.gas - computation.get_gas_remaining()
+        floor = calldata_floor_gas(tx.data)
+        if floor > allowance:
+            raise RpcError(-32000, f"gas required exceeds allowance ({allowance}): the calldata "
+                                   f"floor is {floor} (EIP-7623)")
         # a call forwards at most 63/64 of its gas: leave room for the callee's share
-        return q(min(header.gas_limit, used + used // 63 + 2_300))
+        return q(min(allowance, max(floor, used + used // 63 + 2_300)))
 
     def rpc_eth__gasPrice(self):
         return q(self.node.next_base_fee() + PRIORITY_FEE)
@@ -567,20 +651,22 @@ class Rpc:
         }
 
     def rpc_eth__getBlockByNumber(self, block, full=False):
+        full = parse_bool(full, "full")
         try:
             number = self.header_at(block).block_number
         except UnknownBlock:
             return None
-        return self._block_json(self.blocks.get(number)[0], bool(full))
+        return self._block_json(self.blocks.get(number)[0], full)
 
     def rpc_eth__getBlockByHash(self, block_hash, full=False):
+        full = parse_bool(full, "full")
         try:
             header = self.header_at({"blockHash": block_hash})
         except UnknownBlock:
             return None
         if self.node.chain.get_canonical_block_hash(header.block_number) != header.hash:
             return None
-        return self._block_json(self.blocks.get(header.block_number)[0], bool(full))
+        return self._block_json(self.blocks.get(header.block_number)[0], full)
 
     def rpc_eth__getLogs(self, log_filter):
         matched = parse_log_filter(log_filter)
@@ -686,8 +772,12 @@ class NodeApp:
                 return ANSWERED
             if not message.get("more_body"):
                 break
+        if json_nesting_exceeds(body):
+            await json_reply(send, 200, Rpc._error(None, RpcError(
+                -32600, f"invalid request: JSON nested deeper than {MAX_JSON_DEPTH} levels")))
+            return ANSWERED
         try:
-            return json.loads(body)
+            return json.loads(body, parse_constant=_reject_constant)
         except ValueError:
             await json_reply(send, 200, Rpc._error(None, RpcError(-32700, "parse error: body is "
                                                                      "not JSON")))
