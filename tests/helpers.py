@@ -86,3 +86,14 @@ def integers(rng, shape, dtype, small=False) -> np.ndarray:
     info = np.iinfo(dtype)
     lo, hi = (max(info.min, -1000), min(info.max, 1000)) if small else (info.min, info.max)
     return rng.integers(lo, hi, shape, dtype=dtype, endpoint=True)
+
+
+def submit_as_declared(market, fee: int, jobs: list[tuple]) -> list[int]:
+    """Submit (A, B, (batch, m, k, n), precision) jobs exactly as declared, without the
+    client's validation, in one transaction of a node.market.Market; their ids."""
+    ids = [(market.put_array(a), market.put_array(b)) for a, b, _, _ in jobs]
+    first = market.job_count()
+    dims = list(zip(*(d for _, _, d, _ in jobs), strict=True))
+    market.send("submitJobs", [a for a, _ in ids], [b for _, b in ids], *map(list, dims),
+                [p for _, _, _, p in jobs], [fee] * len(jobs), 50, value=fee * len(jobs))
+    return list(range(first, first + len(jobs)))

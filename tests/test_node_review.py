@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-from helpers import wait_for
+from helpers import submit_as_declared, wait_for
 
 from chain.devnet import dev_account, dev_accounts
 from node import compute
@@ -23,17 +23,6 @@ FEE = 10**15
 ETHER = 10**18
 FP32, EXACT = 1, 0
 K_FLOAT_LIMIT = 1 << 22  # the verifier's float32 bound: k < 2^22
-
-
-def _submit(market: Market, jobs: list[tuple]) -> list[int]:
-    """Submit (A, B, (batch, m, k, n), precision) jobs exactly as declared (no client-side
-    validation), in one transaction; their ids."""
-    ids = [(market.put_array(a), market.put_array(b)) for a, b, _, _ in jobs]
-    first = market.job_count()
-    dims = list(zip(*(d for _, _, d, _ in jobs), strict=True))
-    market.send("submitJobs", [a for a, _ in ids], [b for _, b in ids], *map(list, dims),
-                [p for _, _, _, p in jobs], [FEE] * len(jobs), 50, value=FEE * len(jobs))
-    return list(range(first, first + len(jobs)))
 
 
 def _claimed(market: Market) -> set[int]:
@@ -133,7 +122,7 @@ def test_worker_computes_what_the_chain_accepts_and_skips_what_it_would_cancel_o
     thread = _run(worker)
     submitter = Market(node.url, dev_account(1))
     try:
-        ids = _submit(submitter, [*good, *(job for _, job in bad)])
+        ids = submit_as_declared(submitter, FEE, [*good, *(job for _, job in bad)])
         wait_for(lambda: {j["job_id"] for j in worker.job_list() if j["stage"] in FINISHED}
                  >= set(ids), 180, "the worker to finish or skip every job")
     finally:
@@ -186,8 +175,8 @@ def test_a_restarted_worker_keeps_verdicts_reached_before_the_crash_and_retakes_
     submitter, me = Market(node.url, dev_account(2)), Market(node.url, account)
     try:
         me.send("register", value=ETHER)
-        paid, slashed, open_ = _submit(submitter, [(a, b, (1, *a.shape, b.shape[1]), FP32)
-                                                   for a, b in pairs])
+        paid, slashed, open_ = submit_as_declared(
+            submitter, FEE, [(a, b, (1, *a.shape, b.shape[1]), FP32) for a, b in pairs])
         for job_id, wrong in ((paid, 0.0), (slashed, 1.0)):  # the first run's work
             me.send("claimJob", job_id)
             a, b = pairs[job_id - paid]

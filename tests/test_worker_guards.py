@@ -12,7 +12,7 @@ import threading
 import httpx
 import numpy as np
 import pytest
-from helpers import wait_for
+from helpers import submit_as_declared, wait_for
 from typer.testing import CliRunner
 from web3 import Web3
 
@@ -78,17 +78,6 @@ def test_chain_readiness_needs_an_answer_from_the_devnets_own_node(tmp_path):
 # -- jobs with operands that do not match their declaration ----------------------------------
 
 
-def _submit(market: Market, jobs: list[tuple]) -> list[int]:
-    """Submit (A, B, (batch, m, k, n), precision) jobs as declared, in one transaction,
-    without the client's validation; their ids."""
-    ids = [(market.put_array(a), market.put_array(b)) for a, b, _, _ in jobs]
-    first = market.job_count()
-    dims = list(zip(*(d for _, _, d, _ in jobs), strict=True))
-    market.send("submitJobs", [a for a, _ in ids], [b for _, b in ids], *map(list, dims),
-                [p for _, _, _, p in jobs], [FEE] * len(jobs), 50, value=FEE * len(jobs))
-    return list(range(first, first + len(jobs)))
-
-
 def test_worker_skips_jobs_whose_operands_do_not_match_before_any_transaction(
         node, tmp_path, caplog):
     rng = np.random.default_rng(0)
@@ -116,7 +105,7 @@ def test_worker_skips_jobs_whose_operands_do_not_match_before_any_transaction(
     thread.start()
     submitter = Market(node.url, dev_account(1))
     try:
-        ids = _submit(submitter, [*good, *(job for _, job in bad)])
+        ids = submit_as_declared(submitter, FEE, [*good, *(job for _, job in bad)])
         wait_for(lambda: {j["job_id"] for j in worker.job_list() if j["stage"] in FINISHED}
                  >= set(ids), 120, "the worker to finish or skip every job")
     finally:
