@@ -80,7 +80,7 @@ inline double lanes(vd v) {
   return total;
 }
 
-// ROWS rows of M against COLS digit columns, each loaded once per four entries and used by
+// ROWS rows of M against COLS digit columns, each loaded once per LANES entries and used by
 // every row (the columns, not M, are most of the bytes read). With CHECK, each row's largest
 // entry magnitude is tracked too.
 template <typename T, int ROWS, int COLS, bool CHECK>
