@@ -366,11 +366,18 @@ class Node:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop producing; transactions admitted (their hashes answered) but not yet sealed
+        go into one last block first, so a stop loses none (only a crash does)."""
         with self.mempool.lock:
             self._stop = True
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if len(self.mempool) and (self._thread is None or not self._thread.is_alive()):
+            try:
+                self.seal()
+            except Exception:  # noqa: BLE001 - stopping goes on; they are lost as in a crash
+                log.exception("sealing the pending transactions at stop failed")
         if self.decoder is not None:
             self.decoder.close()
         self.db.close()

@@ -449,3 +449,29 @@ def test_submit_job_shape_checks(tmp_path, dims, message):
         with pytest.raises(RpcError, match=message):
             Rpc(node).rpc_eth__call(call)
     node.stop()
+
+
+def test_a_stopped_node_seals_what_it_admitted(tmp_path):
+    """A transaction whose hash the node answered is in a block after a plain stop (it was
+    lost unless a block happened to be sealed first; only a crash may lose it), and a
+    restarted node serves it from the database."""
+    config = NodeConfig(tmp_path / "a", block_time=3600, seal_on_pending=False)
+    node = Node(config)
+    node.start()
+    payer, payee = dev_accounts(2)
+    raw = payer.sign_transaction({
+        "to": payee.address, "value": 12345, "gas": 21_000, "maxFeePerGas": 10**10,
+        "maxPriorityFeePerGas": 1, "nonce": 0, "chainId": CHAIN_ID, "type": 2,
+    }).raw_transaction
+    tx_hash = node.admit(raw)
+    head = node.head().block_number
+    node.stop()
+    node = Node(config)
+    try:
+        assert node.head().block_number == head + 1
+        block = node.chain.get_canonical_block_by_number(head + 1)
+        assert [tx.hash for tx in block.transactions] == [tx_hash]
+        state = node.chain.get_vm().state
+        assert state.get_nonce(bytes.fromhex(payer.address[2:])) == 1
+    finally:
+        node.stop()
