@@ -92,6 +92,10 @@ def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
         seen += batch
         if bar:
             bar.update(step, seen, {"loss": total_loss / seen, "acc": correct / seen})
+    if not seen:  # else a ZeroDivisionError below
+        raise ValueError(f"{desc or 'epoch'}: the loader gave no examples ({len(loader)} "
+                         f"batches of {len(loader.dataset)} examples, batch size "
+                         f"{loader.batch_size}{', drop_last' if loader.drop_last else ''})")
     seconds = time.perf_counter() - start
     metrics = {"loss": total_loss / seen, "acc": correct / seen, "samples_per_s": seen / seconds}
     if bar:
@@ -124,6 +128,9 @@ def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
         if bar:
             mean = total_loss / seen
             bar.update(step, seen, {"loss": mean, "ppl": _perplexity(mean)})
+    if not seen:  # else a ZeroDivisionError below
+        raise ValueError(f"{desc or 'epoch'}: {len(batches)} rows of tokens hold no window "
+                         "with a next token (at least 2 are needed)")
     seconds = time.perf_counter() - start
     metrics = {"loss": total_loss / seen, "acc": correct / seen, "samples_per_s": seen / seconds}
     if bar:

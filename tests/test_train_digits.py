@@ -154,3 +154,17 @@ def test_cli_trains_from_mnist_and_cifar10_files(tmp_path):
     history = main(["--data", "cifar10", "--data-dir", str(tmp_path), "--model", "resnet9",
                     "--epochs", "1", "--batch-size", "8"])
     assert np.isfinite(history[0]["train_loss"])
+
+
+def test_an_epoch_with_no_examples_is_a_clear_error():
+    """A loader that yields nothing (batch size above the split's size with drop_last, an
+    empty split) and token rows too few for one window: ValueError naming why (it was a
+    ZeroDivisionError after the loop)."""
+    model = nn.Sequential(nn.Linear(4, 3, device=CPU))
+    x, y = np.ones((5, 4), np.float32), np.zeros(5, np.uint8)
+    loader = data.DataLoader(data.ArrayDataset(x, y), batch_size=8, drop_last=True, device=CPU)
+    with pytest.raises(ValueError, match="no examples.*5 examples, batch size 8, drop_last"):
+        run_epoch(model, loader, nn.SoftmaxLoss())
+    lm = models.LanguageModel(4, 10, hidden_size=4, device=CPU)
+    with pytest.raises(ValueError, match="no window"):
+        run_lm_epoch(lm, np.zeros((1, 2), np.float32), 16, device=CPU)
