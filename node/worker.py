@@ -534,13 +534,20 @@ class Worker:
         self._pool.submit(self._process_batch, records, jobs)
 
     def _try_claim(self, record: JobRecord) -> bool:
+        """Claim the job; False if another worker has it. A revert may also mean that an
+        earlier send of this claim, whose answer a network error lost, was mined before its
+        retry: the job is then this worker's, and dropping it would let it expire (a 10 %
+        stake cut)."""
         try:
             self._retry(self.chain.send_with_gas, CLAIM_GAS, "claimJob", record.job_id)
         except TxReverted as err:
-            log.info("claim of job %d lost: %s", record.job_id, err)
-            with self._lock:
-                self.jobs.remove(record)
-            return False
+            job = self._retry(self.chain.job, record.job_id)
+            if job.worker != self.address or job.status != JOB_CLAIMED:
+                log.info("claim of job %d lost: %s", record.job_id, err)
+                with self._lock:
+                    self.jobs.remove(record)
+                return False
+            log.info("job %d: claimed by an earlier send of this claim", record.job_id)
         self._set_stage(record, "claimed")
         self.metrics.jobs.labels("claimed").inc()
         return True

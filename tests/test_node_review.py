@@ -329,3 +329,33 @@ def test_a_verified_result_whose_download_fails_is_fetched_again(node, tmp_path,
         proxy.close()
         client.close()
         _stop(worker, thread)
+
+
+def test_a_claim_whose_earlier_send_landed_is_kept(node, tmp_path):
+    """A claim sent, its answer lost to a network error and sent again: the retry reverts
+    (the job is no longer open) although the first send made it this worker's. The worker
+    used to drop the job, which then expired with a 10 % stake cut; it keeps it now, and
+    still drops a job another worker claimed."""
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((8, 5), np.float32), rng.standard_normal((5, 3), np.float32)
+    account, other = dev_accounts(9)[8], dev_accounts(10)[9]
+    submitter, me, rival = (Market(node.url, k) for k in (dev_account(2), account, other))
+    worker = None
+    try:
+        for market in (me, rival):
+            market.send("register", value=ETHER)
+        mine, theirs = submit_as_declared(submitter, FEE, [(a, b, (1, 8, 5, 3), FP32)] * 2)
+        me.send("claimJob", mine)  # the send whose answer was lost
+        rival.send("claimJob", theirs)
+        worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
+                        account)
+        records = [JobRecord(job_id, 1, 8, 5, 3, FEE, "fetching") for job_id in (mine, theirs)]
+        worker.jobs.extend(records)
+        assert worker._try_claim(records[0]) and records[0].stage == "claimed"
+        assert not worker._try_claim(records[1]) and records[1] not in worker.jobs
+        assert submitter.job(mine).worker == account.address
+    finally:
+        for market in (submitter, me, rival):
+            market.close()
+        if worker is not None:
+            worker.chain.close()
