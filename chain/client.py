@@ -359,7 +359,16 @@ class ChainClient:
                 for (c, h, v), receipt in zip(calls, receipts, strict=True)]
 
     def send(self, fn_call, value: int = 0, gas: int | None = None):
-        """Sign, send and wait for a contract call; raises TransactionReverted on status 0."""
+        """Sign, send and wait for a contract call; raises TransactionReverted on status 0.
+        A refusal for "nonce too low" means another client (a second process with this key)
+        took the nonce: the call did not run, and it is signed once more with the node's
+        next nonce."""
+        try:
+            return self.send_signed(fn_call, self.sign(fn_call, value=value, gas=gas),
+                                    value)[-1]
+        except Web3RPCError as err:
+            if "nonce too low" not in str(err):
+                raise
         return self.send_signed(fn_call, self.sign(fn_call, value=value, gas=gas), value)[-1]
 
     def _revert_reason(self, fn_call, value: int, receipt) -> str:

@@ -25,6 +25,7 @@ from node.market import (
     UPLOAD_THREADS,
     Market,
     TxReverted,
+    is_transient,
     submit_jobs_gas,
 )
 
@@ -45,6 +46,7 @@ class RemoteJobError(RuntimeError):
         super().__init__(f"[{where}stage {stage}] {message}")
         self.stage = stage
         self.job_id = job_id
+        self.message = message
 
 
 def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int, int, int, int]:
@@ -248,15 +250,30 @@ class JobClient:
         next_block = min((p.submit_block for p in pending), default=0) + 1
         try:
             while any(p.result is None for p in pending):
-                head, events = self.market.follow(next_block, self.poll_interval)
-                if events is not None:
-                    mark(f"job wait head {head}")
-                    for event in events:
-                        p = by_id.get(event["args"].get("jobId"))
-                        if p is not None and p.result is None:
-                            self._apply(p, event)
-                    next_block = head + 1
-                self._fetch_committed(pending, deadline)
+                try:
+                    head, events = self.market.follow(next_block, self.poll_interval)
+                except Exception as err:  # the node unreachable for a moment: ask again
+                    if not is_transient(err) or time.time() > deadline:
+                        stuck = next(p for p in pending if p.result is None)
+                        raise RemoteJobError(
+                            stuck.stage, f"lost the chain node ({type(err).__name__}: {err}): "
+                            f"{self.abandon(pending)}", stuck.job_id) from err
+                    time.sleep(self.poll_interval)
+                    continue
+                try:
+                    if events is not None:
+                        mark(f"job wait head {head}")
+                        for event in events:
+                            p = by_id.get(event["args"].get("jobId"))
+                            if p is not None and p.result is None:
+                                self._apply(p, event)
+                        next_block = head + 1
+                    self._fetch_committed(pending, deadline)
+                except RemoteJobError as err:  # one job failed: the rest is not left behind
+                    wider = self._with_rest_abandoned(err, pending)
+                    if wider is err:
+                        raise
+                    raise wider from err
                 for p in pending:
                     if p.result is None:
                         self._nudge(p, head)
@@ -273,6 +290,16 @@ class JobClient:
             if display:
                 display.close()
         return [p.result for p in pending]
+
+    def _with_rest_abandoned(self, err: RemoteJobError, pending: list[_Pending]
+                             ) -> RemoteJobError:
+        """err, with the batch's other unfinished jobs cancelled where they still can be
+        (for their fees) and what became of each said, rather than left unfollowed."""
+        others = [p for p in pending if p.result is None and p.job_id != err.job_id]
+        if not others:
+            return err
+        return RemoteJobError(err.stage, f"{err.message}; the rest of the batch: "
+                              f"{self.abandon(others)}", err.job_id)
 
     def abandon(self, pending: list[_Pending]) -> str:
         """Cancel the unfinished jobs that are still open, for their fees back (nobody would
@@ -305,6 +332,9 @@ class JobClient:
             p.early = None
             _enter(p, "submitted")
         elif name == "JobCancelled":
+            if p.stage == "submitted":  # only its submitter can cancel an open job
+                raise RemoteJobError("submitted", "cancelled by its submitter (this key, from "
+                                     "elsewhere), the fee refunded", p.job_id)
             raise RemoteJobError("finalize", "the chain's verifier rejected the operands and "
                                  "refunded the fee", p.job_id)
         elif name == "JobVerified":
@@ -330,11 +360,10 @@ class JobClient:
                         p.early = None  # fetched again with the next block
                         continue
                     if found.stage == "fetch":
-                        cause = found.__cause__ or found
                         raise RemoteJobError(
-                            "fetch", f"{type(cause).__name__}: {cause}; the result is "
-                            f"verified and paid for: `needle-net fetch {p.job_id} -o C.npy` "
-                            "downloads it", p.job_id) from found
+                            "fetch", f"{found.message}; the result is verified and paid for: "
+                            f"`needle-net fetch {p.job_id} -o C.npy` downloads it",
+                            p.job_id) from found
                     raise found
                 p.result = found
                 _enter(p, "paid")
@@ -357,6 +386,9 @@ class JobClient:
             self.market.send(fn_name, job_id)
         except TxReverted:
             pass  # a worker got there first
+        except Exception as err:
+            if not is_transient(err):
+                raise  # else tried again with the next block
 
     def _fetch(self, p: _Pending) -> np.ndarray:
         try:

@@ -15,7 +15,7 @@ from helpers import submit_as_declared, wait_for
 from chain.devnet import dev_account, dev_accounts
 from node import compute
 from node.client import JobClient, RemoteJobError
-from node.market import JOB_DONE, JOB_OPEN, Market, finalize_gas
+from node.market import JOB_CANCELLED, JOB_DONE, JOB_OPEN, Market, finalize_gas
 from node.worker import FINISHED, JobRecord, Worker, WorkerConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -249,40 +249,54 @@ def test_client_refuses_a_float_job_no_verifier_can_bound_before_spending_a_fee(
 
 
 
-class _FlakyBlobProxy:
-    """A real HTTP server on 127.0.0.1 in front of the node's blob store that answers the
-    first `failures` GETs with 503 (a store restarting, a proxy hiccup) and relays the rest."""
+class _FlakyProxy:
+    """A real HTTP server on 127.0.0.1 in front of one of the node's servers that relays
+    GETs and POSTs, except that the next `failures` requests are answered 503 (a store
+    restarting) or, with drop, get no answer at all (the connection cut)."""
 
-    def __init__(self, upstream: str, failures: int) -> None:
+    def __init__(self, upstream: str, failures: int = 0, drop: bool = False) -> None:
         import http.client
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         from urllib.parse import urlsplit
 
         target = urlsplit(upstream)
         proxy = self
-        self.failures, self.gets = failures, 0
+        self.failures, self.drop, self.requests, self.failed = failures, drop, 0, 0
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self):  # noqa: N802 - http.server's name
-                proxy.gets += 1
-                if proxy.gets <= proxy.failures:
-                    body = b"try again later"
+            def relay(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.requests += 1
+                if proxy.failed < proxy.failures:
+                    proxy.failed += 1
+                    if proxy.drop:
+                        self.close_connection = True
+                        return
+                    reply = b"try again later"
                     self.send_response(503)
-                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("Content-Length", str(len(reply)))
                     self.end_headers()
-                    self.wfile.write(body)
+                    self.wfile.write(reply)
                     return
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-                conn.request("GET", self.path)
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {"Content-Type": self.headers.get("Content-Type", "")}
+                conn.request(method, self.path, body=body or None, headers=headers)
                 response = conn.getresponse()
-                body = response.read()
+                reply = response.read()
                 conn.close()
                 self.send_response(response.status)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Type", response.getheader("Content-Type", ""))
+                self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(reply)
+
+            def do_GET(self):  # noqa: N802 - http.server's names
+                self.relay("GET")
+
+            def do_POST(self):  # noqa: N802
+                self.relay("POST")
 
             def log_message(self, *args):
                 pass
@@ -311,19 +325,19 @@ def test_a_verified_result_whose_download_fails_is_fetched_again(node, tmp_path,
                     account)
     thread = _run(worker)
     client = JobClient(node.url, dev_account(3), timeout=25, poll_interval=0.2)
-    proxy = _FlakyBlobProxy(client.market.client.info["blob_url"], failures)
+    proxy = _FlakyProxy(client.market.client.info["blob_url"], failures)
     try:
         pending = client.submit([(a, b)])
         client.market.blobs = BlobClient(proxy.url, client.market.max_blob_bytes)
         if failures == 2:
             (c,) = client.wait(pending)
             np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
-            assert proxy.gets == 3
+            assert proxy.requests == 3
         else:
             with pytest.raises(RemoteJobError, match="needle-net fetch") as raised:
                 client.wait(pending)
             assert raised.value.stage == "fetch" and "503" in str(raised.value)
-            assert proxy.gets > 2  # fetched again, not given up at the first failure
+            assert proxy.requests > 2  # fetched again, not given up at the first failure
             assert client.market.job(pending[0].job_id).status == JOB_DONE  # paid for
     finally:
         proxy.close()
@@ -359,3 +373,51 @@ def test_a_claim_whose_earlier_send_landed_is_kept(node, tmp_path):
             market.close()
         if worker is not None:
             worker.chain.close()
+
+
+def test_the_client_rides_out_a_node_that_drops_its_requests(node, tmp_path):
+    """The chain node's connection cut a few times while the client follows its job (a
+    restart, a proxy): the long poll is asked again and the verified result returned (the
+    first cut used to escape wait() as a raw httpx error, the job neither followed nor
+    cancelled)."""
+    rng = np.random.default_rng(13)
+    a, b = rng.standard_normal((20, 12), np.float32), rng.standard_normal((12, 6), np.float32)
+    account = dev_accounts(11)[10]
+    worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
+                    account)
+    thread = _run(worker)
+    proxy = _FlakyProxy(node.url)
+    client = JobClient(proxy.url, dev_account(3), timeout=60, poll_interval=0.2)
+    try:
+        pending = client.submit([(a, b)])
+        before, proxy.failures, proxy.drop = proxy.requests, 3, True
+        (c,) = client.wait(pending)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+        assert proxy.failed == 3 and proxy.requests > before + 3
+    finally:
+        client.close()
+        proxy.close()
+        _stop(worker, thread)
+
+
+def test_a_job_cancelled_elsewhere_cancels_the_rest_of_its_batch(node):
+    """One job of a batch cancelled by its submitter from another process: wait() says so,
+    and the batch's other open job is cancelled for its fee too instead of left behind
+    unfollowed (no worker runs here, so both stay open until then)."""
+    rng = np.random.default_rng(14)
+    pairs = [(rng.standard_normal((4, 3), np.float32), rng.standard_normal((3, 2), np.float32))
+             for _ in range(2)]
+    key = dev_account(4)
+    client = JobClient(node.url, key, fee_wei=FEE, timeout=60, poll_interval=0.2)
+    elsewhere = Market(node.url, key)
+    try:
+        first, second = client.submit(pairs)
+        elsewhere.send("cancel", first.job_id)
+        with pytest.raises(RemoteJobError, match="cancelled by its submitter") as raised:
+            client.wait([first, second])
+        assert raised.value.job_id == first.job_id
+        assert f"job {second.job_id} cancelled" in str(raised.value)
+        assert client.market.job(second.job_id).status == JOB_CANCELLED
+    finally:
+        elsewhere.close()
+        client.close()
