@@ -29,6 +29,7 @@ from chain.params import CHAIN_ID
 log = logging.getLogger(__name__)
 
 BLOB_TX_TYPE = 3
+SET_CODE_TX_TYPE = 4
 MIN_WORKER_BATCH = 16  # fewer raw transactions are decoded in the caller's process
 
 
@@ -63,6 +64,8 @@ def decode_transaction(raw: bytes) -> SignedTransactionAPI:
         raise TxRejected(f"transaction could not be decoded: {exc}") from exc
     if tx.type_id == BLOB_TX_TYPE:
         raise TxRejected("blob transactions (type 3) are not supported")
+    if tx.type_id == SET_CODE_TX_TYPE:  # an account's code set by a signature: not offered
+        raise TxRejected("set-code transactions (type 4, EIP-7702) are not supported")
     if tx.s > SECPK1_N // 2:  # its twin (n - s) signs the same: py-evm's VM refuses it (EIP-2)
         raise TxRejected("invalid signature: s is above secp256k1n/2 (EIP-2)")
     try:

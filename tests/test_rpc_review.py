@@ -298,6 +298,26 @@ def test_creations_above_the_initcode_limit_are_refused(node):
     assert receipt["status"] == "0x1" and receipt["contractAddress"] is not None
 
 
+def test_set_code_transactions_are_refused(node):
+    """EIP-7702 (type 4) lets a signature give an account code; the protocol offers legacy
+    and EIP-1559 transactions only (docs/protocol.md), and the node admitted type 4 (its
+    JSON even lacked the authorization list). Refused now, nothing spent; a type-2
+    transaction from the same account is still admitted."""
+    account, delegate = dev_accounts(19)[18], dev_accounts(20)[19]
+    nonce = pending_nonce(node, account.address)
+    auth = account.sign_authorization({"chainId": CHAIN_ID, "address": delegate.address,
+                                       "nonce": nonce + 1})
+    set_code = sign(account, nonce=nonce, type=4, gas=100_000, accessList=[],
+                    authorizationList=[auth])
+    refused = rpc(node, "eth_sendRawTransaction", set_code)
+    assert refused["error"]["code"] == -32000, refused
+    assert "type 4" in refused["error"]["message"]
+    assert pending_nonce(node, account.address) == nonce
+    plain = sign(account, nonce=nonce)
+    assert rpc(node, "eth_sendRawTransaction", plain)["result"] == tx_hash(plain)
+    assert receipt_of(node, plain)["status"] == "0x1"
+
+
 def test_refused_and_repeated_transactions_lose_nothing(node):
     """Admission's nonce and balance rules through the wire: a transaction behind a nonce gap
     waits (pending nonce unchanged), the same bytes again are 'already known', wrong chain,
