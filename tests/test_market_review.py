@@ -210,10 +210,15 @@ RNG = np.random.default_rng(11)
 
 
 def operands(market, m=4, k=3, n=2):
-    """Float operands stored on the node; (aId, bId, right C's id, wrong C's id)."""
+    """Float operands stored on the node; (aId, bId, right C's id, wrong C's id). The wrong
+    C is off in one entry, which every +-1 vector catches: C + 1 everywhere passed a round
+    whose two signs cancelled (n = 2), so the chain accepted it with probability 2^-rounds
+    (1/32 here), and the tests that expect it failed now and then."""
     a, b = RNG.standard_normal((m, k), np.float32), RNG.standard_normal((k, n), np.float32)
     c = (a.astype(np.float64) @ b).astype(np.float32)
-    return tuple(market.node.blobs.put(encode_array(x)) for x in (a, b, c, c + 1))
+    wrong = c.copy()
+    wrong[0, 0] += 1
+    return tuple(market.node.blobs.put(encode_array(x)) for x in (a, b, c, wrong))
 
 
 def reward(flops: int) -> int:
