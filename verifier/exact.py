@@ -7,7 +7,7 @@ magnitude at most 2^53 (float64 BLAS, exact) or, for very large entries or inner
 with shifts, which mod a Mersenne prime are 61-bit rotations. On the host C's entries are
 checked against the product's bound rather than trusted up to their dtype's.
 
-The host's float64 passes run in `verifier.exact_host` (csrc/verifier_exact_host.cc) where
+The host's float64 passes run in `verifier.exact_host` (csrc/verifier_exact_host*.cc) where
 that module was built: it widens each entry in registers and takes it against every digit
 column at once, where numpy writes a float64 copy of each row block and reads it once per
 column. Both give the same sums, exactly; numpy's loop stays for installs without it.
