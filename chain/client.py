@@ -350,6 +350,14 @@ class ChainClient:
         reverted."""
         try:
             tx_hash, receipts = self.send_and_wait(raw, [h for _, h in after])
+        except Web3RPCError as err:
+            self.forget_nonce()
+            tx_hash = keccak(raw)
+            if not self._sent_before(err, tx_hash):
+                raise
+            # a resend of this very transaction, whose first send's answer was lost: it is
+            # pending or mined, so its receipt is what the caller wants, not the refusal
+            receipts = self.wait_for_receipts([*(h for _, h in after), tx_hash])
         except Exception:
             self.forget_nonce()
             raise
@@ -370,6 +378,14 @@ class ChainClient:
             if "nonce too low" not in str(err):
                 raise
         return self.send_signed(fn_call, self.sign(fn_call, value=value, gas=gas), value)[-1]
+
+    def _sent_before(self, refusal: Web3RPCError, tx_hash: bytes) -> bool:
+        """Whether the node refused a transaction because this very one (same hash) is
+        already pending or mined, rather than another with its nonce."""
+        message = str(refusal)
+        if "already known" in message:
+            return True
+        return "nonce too low" in message and self._receipt(tx_hash) is not None
 
     def _revert_reason(self, fn_call, value: int, receipt) -> str:
         """Why a mined transaction reverted: the call replayed on the state before its block

@@ -8,6 +8,7 @@ import json
 import threading
 from dataclasses import asdict
 
+import httpx
 import numpy as np
 import pytest
 from helpers import submit_as_declared, wait_for
@@ -252,7 +253,9 @@ def test_client_refuses_a_float_job_no_verifier_can_bound_before_spending_a_fee(
 class _FlakyProxy:
     """A real HTTP server on 127.0.0.1 in front of one of the node's servers that relays
     GETs and POSTs, except that the next `failures` requests are answered 503 (a store
-    restarting) or, with drop, get no answer at all (the connection cut)."""
+    restarting) or, with drop, get no answer at all (the connection cut), and the next
+    `lose` requests to a path starting with `lose_path` are relayed but their answer is
+    lost (the connection cut after the node acted on them)."""
 
     def __init__(self, upstream: str, failures: int = 0, drop: bool = False) -> None:
         import http.client
@@ -262,6 +265,7 @@ class _FlakyProxy:
         target = urlsplit(upstream)
         proxy = self
         self.failures, self.drop, self.requests, self.failed = failures, drop, 0, 0
+        self.lose, self.lose_path, self.lost = 0, "", 0
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -286,6 +290,10 @@ class _FlakyProxy:
                 response = conn.getresponse()
                 reply = response.read()
                 conn.close()
+                if proxy.lost < proxy.lose and self.path.startswith(proxy.lose_path):
+                    proxy.lost += 1
+                    self.close_connection = True
+                    return
                 self.send_response(response.status)
                 self.send_header("Content-Type", response.getheader("Content-Type", ""))
                 self.send_header("Content-Length", str(len(reply)))
@@ -421,3 +429,31 @@ def test_a_job_cancelled_elsewhere_cancels_the_rest_of_its_batch(node):
     finally:
         elsewhere.close()
         client.close()
+
+
+def test_a_resent_transaction_whose_answer_was_lost_is_confirmed_once(node):
+    """A signed transaction sent, the node's answer lost after it admitted it, and sent
+    again (as the worker's retries resend its pre-signed finalizeJobs): the node refuses the
+    second send as already known, or its nonce as used, and that refusal used to fail the
+    caller (a worker then recorded verified, paid jobs as "error"). The same transaction is
+    now recognised by its hash and its receipt returned; it ran once."""
+    account = dev_accounts(12)[11]
+    proxy = _FlakyProxy(node.url)
+    market = Market(proxy.url, account)
+    try:
+        signed = market.sign_with_gas(300_000, "register", value=ETHER)
+        proxy.lose, proxy.lose_path = 1, "/wait"
+        try:
+            receipt = market.send_signed(signed)
+        except (ConnectionError, OSError, httpx.TransportError):  # the answer lost
+            receipt = market.send_signed(signed)
+        assert proxy.lost == 1
+        assert receipt["status"] == 1
+        assert market.stake_of(account.address) == ETHER  # registered once
+        again = market.sign_with_gas(300_000, "register", value=ETHER)
+        proxy.lose = 0
+        market.send_signed(again)  # a new transaction still goes through as usual
+        assert market.stake_of(account.address) == 2 * ETHER
+    finally:
+        market.close()
+        proxy.close()
