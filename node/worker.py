@@ -172,7 +172,11 @@ class Worker:
         self._journal_path = Path(config.data_dir) / "worker-jobs.jsonl"
         self._unjournaled: list[JobRecord] = []  # finished, not yet in the journal
         self._api_socket = self._bind_api()
-        self._next_block, self.jobs = self._load_state()
+        self._next_block, self.jobs, waiting = self._load_state()
+        # open jobs seen before a restart but not taken (busy, or a peer's turn): their
+        # JobSubmitted lies before the block the scan resumes from; looked up when taken
+        self._candidates.update(dict.fromkeys(waiting))
+        self._seen.update(dict.fromkeys(waiting, time.monotonic()))
         self._saved_block = self._next_block
         self._api_server = None
         self._withdrawing = False
@@ -180,10 +184,11 @@ class Worker:
 
     # -- persistence ------------------------------------------------------------------
 
-    def _load_state(self) -> tuple[int, list[JobRecord]]:
-        """(next block to scan, this node's job attempts in the order they started; a
-        reopened job may appear twice). A job that finished just before a crash may be both
-        in the journal and still in flight in the state file: the journal's record counts."""
+    def _load_state(self) -> tuple[int, list[JobRecord], list[int]]:
+        """(next block to scan, this node's job attempts in the order they started (a
+        reopened job may appear twice), the open jobs seen but not taken). A job that
+        finished just before a crash may be both in the journal and still in flight in the
+        state file: the journal's record counts."""
         finished: dict[tuple[int, float], JobRecord] = {}  # a later line replaces an earlier
         lines = self._journal_path.read_text().splitlines() \
             if self._journal_path.exists() else []
@@ -203,7 +208,7 @@ class Worker:
         # a state file written before the journal existed lists finished jobs too
         self._unjournaled = [r for r in others if r.stage in FINISHED]
         jobs = sorted([*finished.values(), *others], key=lambda r: r.started)
-        return int(saved["next_block"]), jobs
+        return int(saved["next_block"]), jobs, [int(j) for j in saved.get("waiting", [])]
 
     def _save_state(self) -> None:
         """Append the jobs finished since the last save to the journal, then rewrite the
@@ -216,7 +221,8 @@ class Worker:
                     journal.writelines(map(_line, self._unjournaled))
                 self._unjournaled = []
             data = {"next_block": self._next_block,
-                    "jobs": [vars(j) for j in self.jobs if j.stage not in FINISHED]}
+                    "jobs": [vars(j) for j in self.jobs if j.stage not in FINISHED],
+                    "waiting": list(self._candidates)}
             self._saved_block = self._next_block
             self._write(self._state_path, json.dumps(data, separators=(",", ":")))
 

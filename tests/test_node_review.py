@@ -457,3 +457,38 @@ def test_a_resent_transaction_whose_answer_was_lost_is_confirmed_once(node):
     finally:
         market.close()
         proxy.close()
+
+
+def test_open_jobs_seen_before_a_restart_are_taken_after_it(node, tmp_path):
+    """A job seen open but not taken yet (the worker busy, or a peer's turn) when the worker
+    stopped: its JobSubmitted lies before the block the restarted scan resumes from, so it
+    used to be forgotten. The state file now keeps such jobs, and the restarted worker does
+    them (checking with the chain that they are still open)."""
+    rng = np.random.default_rng(15)
+    a, b = rng.standard_normal((6, 5), np.float32), rng.standard_normal((5, 4), np.float32)
+    account = dev_accounts(13)[12]
+    submitter = Market(node.url, dev_account(2))
+    config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER)
+    worker = Worker(config, account)
+    try:
+        (job_id,) = submit_as_declared(submitter, FEE, [(a, b, (1, 6, 5, 4), FP32)])
+        next_block = worker._next_block = submitter.block_number() + 1  # past its block
+        worker._candidates[job_id] = None  # seen, not taken
+        worker._save_state()
+    finally:
+        worker.chain.close()
+    saved = json.loads((tmp_path / "worker-state.json").read_text())
+    assert saved["waiting"] == [job_id] and saved["next_block"] == next_block
+
+    worker = Worker(config, account)
+    thread = _run(worker)
+    try:
+        wait_for(lambda: submitter.job(job_id).status == JOB_DONE, 60,
+                 "the restarted worker to do the job it had seen")
+    finally:
+        _stop(worker, thread)
+    job = submitter.job(job_id)
+    assert job.worker == account.address
+    np.testing.assert_allclose(submitter.get_array(job.c_id), a.astype(np.float64) @ b,
+                               rtol=1e-5, atol=1e-5)
+    submitter.close()
