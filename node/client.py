@@ -97,12 +97,10 @@ def _check_exact_range(a: np.ndarray, b: np.ndarray) -> None:
     mod p: 2 * k * max|A| * max|B| < p = 2^61 - 1, as `verifier` requires. Checked here,
     before a fee is spent on a job no verifier can accept."""
     from verifier import P
-    from verifier.exact import data_magnitude, dtype_magnitude
+    from verifier.exact import operand_bounds
 
-    k = a.shape[-1]
-    if 2 * k * dtype_magnitude(a.dtype) * dtype_magnitude(b.dtype) < P:
-        return  # no values these dtypes hold can break the bound: skip the scan
-    bound = k * data_magnitude(a) * data_magnitude(b)
+    bound_a, bound_b = operand_bounds(a, b)
+    bound = a.shape[-1] * bound_a * bound_b
     if 2 * bound >= P:
         raise ValueError(f"exact job out of range: k * max|A| * max|B| = {bound}, not below "
                          f"(2^61 - 1) / 2, the bound the verifier needs")

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from verifier.exact import data_magnitude, dtype_magnitude
+from verifier.exact import data_magnitude, operand_bounds
 from verifier.floating import MAX_INNER
 from verifier.rng import P
 
@@ -201,11 +201,11 @@ def check_operands(a: np.ndarray, b: np.ndarray, dims: tuple[int, int, int, int]
     if not exact and k >= MAX_INNER:
         raise OperandError(f"k = {k} is too large for a float32 error bound (the verifier "
                            f"takes k < {MAX_INNER})")
-    if exact and 2 * k * dtype_magnitude(a.dtype) * dtype_magnitude(b.dtype) >= P:
-        bound = k * data_magnitude(a) * data_magnitude(b)
-        if 2 * bound >= P:
-            raise OperandError(f"k * max|A| * max|B| = {bound} is not below (2^61 - 1) / 2, "
-                               "the bound the exact verifier needs")
+    if exact:
+        bound_a, bound_b = operand_bounds(a, b)
+        if 2 * k * bound_a * bound_b >= P:
+            raise OperandError(f"k * max|A| * max|B| = {k * bound_a * bound_b} is not below "
+                               "(2^61 - 1) / 2, the bound the exact verifier needs")
 
 
 def may_overflow(a: np.ndarray, b: np.ndarray, exact: bool) -> bool:

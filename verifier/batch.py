@@ -227,9 +227,7 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
             # uint64 in either byte order ('>u8' != np.uint64)
             raise TypeError(f"exact mode takes integer matrices ({EXACT_INPUTS}); "
                             f"{name} is {x.dtype}")
-    bound_a, bound_b = exact.dtype_magnitude(A.dtype), exact.dtype_magnitude(B.dtype)
-    if 2 * k * bound_a * bound_b >= P:  # the dtypes allow too much: look at the data
-        bound_a, bound_b = exact.data_magnitude(A), exact.data_magnitude(B)
+    bound_a, bound_b = exact.operand_bounds(A, B)
     product_bound = k * bound_a * bound_b
     if 2 * product_bound >= P:
         raise ValueError(f"exact mode needs k * max|A| * max|B| < (2^61 - 1) / 2 so that C is "

@@ -47,6 +47,17 @@ def magnitude(M, limit: int) -> int:
     return bound if bound <= limit else data_magnitude(M)
 
 
+def operand_bounds(A, B) -> tuple[int, int]:
+    """Upper bounds on |A| and |B| for exact mode's rule 2 k max|A| max|B| < p (C determined
+    mod p): the dtypes' where they keep it, else the data's (a scan of both). The verifier,
+    the client and the worker all test the rule with these."""
+    k = A.shape[-1]
+    bound_a, bound_b = dtype_magnitude(A.dtype), dtype_magnitude(B.dtype)
+    if 2 * k * bound_a * bound_b >= P:
+        bound_a, bound_b = data_magnitude(A), data_magnitude(B)
+    return bound_a, bound_b
+
+
 def rotate(x, shift):
     """x * 2^shift mod p for x in [0, p) (int64) and shift in [0, 61), an int or an integer
     array broadcasting against x: 2^61 = 1 mod p makes it a 61-bit rotation. In int64: the
