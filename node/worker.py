@@ -175,8 +175,7 @@ class Worker:
         self._next_block, self.jobs, waiting = self._load_state()
         # open jobs seen before a restart but not taken (busy, or a peer's turn): their
         # JobSubmitted lies before the block the scan resumes from; looked up when taken
-        self._candidates.update(dict.fromkeys(waiting))
-        self._seen.update(dict.fromkeys(waiting, time.monotonic()))
+        self._watch(dict.fromkeys(waiting))
         self._saved_block = self._next_block
         self._api_server = None
         self._withdrawing = False
@@ -427,8 +426,7 @@ class Worker:
                 self.jobs.remove(record)
             self._save_state()
         if job.status == JOB_OPEN:
-            self._candidates[job.job_id] = job
-            self._seen[job.job_id] = time.monotonic()
+            self._watch({job.job_id: job})
         if record.stage not in FINISHED and record in self.jobs:
             self._set_stage(record, "lost", "no longer ours after restart")
 
@@ -447,10 +445,15 @@ class Worker:
             for job_id in news.taken:
                 self._candidates.pop(job_id, None)
                 self._seen.pop(job_id, None)
-            self._candidates.update(news.opened)
-            self._seen.update(dict.fromkeys(news.opened, time.monotonic()))
+            self._watch(news.opened)
             self._next_block = head + 1
         self._take_candidates()
+
+    def _watch(self, jobs: dict[int, Job | None]) -> None:
+        """Open jobs to take once it is this worker's turn, seen from now (a None is looked
+        up on the chain when taken)."""
+        self._candidates.update(jobs)
+        self._seen.update(dict.fromkeys(jobs, time.monotonic()))
 
     def _refresh_account(self) -> None:
         """Stake and balance, every ACCOUNT_REFRESH_SECONDS on a thread of their own: the
@@ -742,19 +745,23 @@ class Worker:
             self._record_verdict(record, verdict, save=False)
         self._save_state()
 
+    def _product(self, job: Job, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """C, timed; OperandError if it holds NaN or Inf (a float product that overflowed)."""
+        t0 = time.perf_counter()
+        c = compute.matmul(a, b, self.device)
+        self.metrics.stage_latency.labels("compute").observe(time.perf_counter() - t0)
+        compute.check_result(c, job.precision == 0)
+        return c
+
     def _compute(self, record: JobRecord, job: Job, a: np.ndarray,
                  b: np.ndarray) -> np.ndarray | None:
         """C before any transaction for the job; None if the job was skipped for it (a
         float product that overflows)."""
-        t1 = time.perf_counter()
-        c = compute.matmul(a, b, self.device)
-        self.metrics.stage_latency.labels("compute").observe(time.perf_counter() - t1)
         try:
-            compute.check_result(c, job.precision == 0)
+            return self._product(job, a, b)
         except compute.OperandError as err:
             self._skip(record, err)
             return None
-        return c
 
     def _compute_and_commit(self, record: JobRecord, job: Job, a: np.ndarray,
                             b: np.ndarray, c: np.ndarray | None = None) -> None:
@@ -763,14 +770,11 @@ class Worker:
         if self.config.stall_after_claim:
             self._stop.wait(self.config.stall_after_claim)
         self._set_stage(record, "computing")
-        t1 = time.perf_counter()
-        if c is None:
-            c = compute.matmul(a, b, self.device)
-            compute.check_result(c, job.precision == 0)
+        if c is None:  # else computed (and timed) before the claim
+            c = self._product(job, a, b)
         if self.config.corrupt_results:
             c = compute.corrupt(c, self._rng)
         t2 = time.perf_counter()
-        self.metrics.stage_latency.labels("compute").observe(t2 - t1)
         c_id = self._retry(self.chain.put_array, c)
         t3 = time.perf_counter()
         self.metrics.stage_latency.labels("upload").observe(t3 - t2)
