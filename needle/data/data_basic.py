@@ -6,6 +6,12 @@ import numpy as np
 from needle.autograd import Tensor
 
 
+def is_positive_int(value) -> bool:
+    """An int or numpy integer >= 1, and not a bool: a float or bool batch size would fail
+    only at the first iteration, obscurely."""
+    return not isinstance(value, bool) and isinstance(value, int | np.integer) and value >= 1
+
+
 class Dataset:
     """A sized collection of examples; subclasses implement __getitem__ and __len__."""
 
@@ -65,9 +71,7 @@ class DataLoader:
     def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, seed: int | None = None, device=None,
                  dtype: str = "float32"):
-        # a float or bool batch_size would fail only at the first iteration, obscurely
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
-                or batch_size < 1:
+        if not is_positive_int(batch_size):
             raise ValueError(f"batch_size must be positive and an integer, got {batch_size!r}")
         self.dataset = dataset
         self.batch_size = int(batch_size)

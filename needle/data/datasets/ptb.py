@@ -5,6 +5,8 @@ import numpy as np
 
 from needle.autograd import Tensor
 
+from ..data_basic import is_positive_int
+
 
 class Dictionary:
     """Word <-> id, ids given in order of first appearance."""
@@ -55,8 +57,7 @@ class Corpus:
 def batchify(data, batch_size: int, device=None, dtype: str = "float32") -> np.ndarray:
     """Cut the token stream into batch_size columns: (len(data) // batch_size, batch_size).
     device and dtype are accepted for the course's signature; get_batch makes the Tensors."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
-            or batch_size < 1:
+    if not is_positive_int(batch_size):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     rows = len(data) // batch_size
     if rows == 0:
