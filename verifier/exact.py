@@ -165,11 +165,9 @@ def native_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = N
             and (M.shape[1] <= 1 or M.strides[1] == M.itemsize)):
         M = np.ascontiguousarray(M, M.dtype.newbyteorder("="))
     sums, magnitudes = exact_host.digit_sums(M, W, limit is not None)
-    with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
-        sums = sums.astype(np.int64).reshape(-1, cols, M.shape[0])
-    residues = sums + (P & (sums >> 63))  # |sum| <= 2^53 < p: mod p adds p to a negative
-    shifts = np.arange(sums.shape[0])[:, None, None] * width
-    result = _recombine(np, residues, shifts, axis=0).T.copy()
+    limbs = sums.shape[0] // cols
+    result = _host_residues(sums.reshape(limbs, cols, -1),
+                            np.arange(limbs)[:, None, None] * width)
     if limit is not None:
         result[magnitudes > limit] = P
     return result
@@ -212,14 +210,20 @@ def numpy_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = No
             pieces = signed_digits(np, V, width).reshape(-1, 1, inner)
             W = digits[width] = pieces.astype(np.float64)
         np.matmul(W, out.T, out=sums[: W.shape[0], :, i:end])
-    with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
-        sums = sums.astype(np.int64).reshape(most, cols, rows)
-    residues = sums + (P & (sums >> 63))  # |sum| <= 2^53 < p: mod p adds p to a negative
     # digit t of a row is shifted by t * width (below 61); digits a row does not have are 0
     shifts = np.minimum(np.arange(most)[:, None] * widths, 60)[:, None, :]
-    result = _recombine(np, residues, shifts, axis=0).T.copy()
+    result = _host_residues(sums.reshape(most, cols, rows), shifts)
     result[flags] = P
     return result
+
+
+def _host_residues(sums: np.ndarray, shifts) -> np.ndarray:
+    """(rows, cols) sum_t sums_t 2^shift_t mod p from float64 digit sums (digits, cols,
+    rows), each an integer within 2^53 (a flagged row's may be anything: overwritten)."""
+    with np.errstate(invalid="ignore"):  # only a flagged row's sum can exceed int64
+        sums = sums.astype(np.int64)
+    residues = sums + (P & (sums >> 63))  # |sum| <= 2^53 < p: mod p adds p to a negative
+    return _recombine(np, residues, shifts, axis=0).T.copy()
 
 
 def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int, bound_c: int,
