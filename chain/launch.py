@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,9 +12,28 @@ from pathlib import Path
 
 import httpx
 
+LOWEST_PICKED_PORT = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
 
 def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0 and read it back)."""
+    """A TCP port on 127.0.0.1 that was free a moment ago. Where the kernel's ephemeral range
+    can be read it is picked below that range: an outgoing connection's local port can then
+    never take it (or port + 1, the blob listener's default) while a node restarts on it."""
+    try:
+        ephemeral_low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 0
+    for _ in range(100):
+        if ephemeral_low - 2 <= LOWEST_PICKED_PORT:
+            break
+        port = random.randint(LOWEST_PICKED_PORT, ephemeral_low - 2)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

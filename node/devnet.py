@@ -24,6 +24,7 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from chain.dirlock import DirLocked, lock_dir
+from chain.launch import free_port
 from node.keys import load_or_create
 
 FAUCET_INDEX = 19  # the last dev account funds workers; clients default to account 0
@@ -38,12 +39,6 @@ TCP_LISTEN = "0A"  # a socket's state in /proc/net/tcp
 class DevnetError(RuntimeError):
     """The devnet cannot run: a port or its data dir is taken, or one of its processes
     exited. Its message is one line, meant to be shown as it is."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(check, timeout: float, what: str, process: subprocess.Popen | None = None) -> None:
