@@ -34,8 +34,8 @@ def verify(A, B, C, *, precision: str = "fp32", rounds: int | None = None,
     if type(precision) is str and (rounds is None or type(rounds) is int):
         plans = _DEVICE_EXACT if precision == "exact" else _DEVICE_FLOAT
         known = plans.get(_device_key(A, B, C, rounds, precision))
-        if known is not None:
-            return known.verify(A, B, C, as_seed(seed))
+        if known is not None:  # (a non-empty bytes seed is as_seed's answer already)
+            return known.verify(A, B, C, seed if type(seed) is bytes and seed else as_seed(seed))
     rounds = _rounds(_precision(precision), rounds)
     seed = as_seed(seed)
     xp = module_of(A, B, C)
@@ -204,21 +204,21 @@ class DeviceFloat(NamedTuple):
 # input checks, bounds and plan lookup
 _DEVICE_EXACT: dict[tuple, DeviceExact] = {}
 _DEVICE_FLOAT: dict[tuple, DeviceFloat] = {}
-_DEVICE_TYPES: dict[type, object] = {}  # array type -> its module (cupy)
+_DEVICE_TYPES: dict[type, object] = {}  # array type -> its module's getDevice (cupy's)
 
 
 def _device_key(A, B, C, rounds: int | None, precision: str = "exact") -> tuple | None:
     """The _DEVICE_EXACT or _DEVICE_FLOAT key of these inputs, None for anything but device
     arrays. The three addresses mod 16 are one int (each attribute read costs the host)."""
     array = type(A)
-    module = _DEVICE_TYPES.get(array)
-    if module is None or type(B) is not array or type(C) is not array:
+    current_device = _DEVICE_TYPES.get(array)
+    if current_device is None or type(B) is not array or type(C) is not array:
         return None
     return (array, A.shape, B.shape, C.shape, A.dtype, B.dtype, C.dtype, A.strides,
             B.strides, C.strides,
             A.data.ptr & 15 | (B.data.ptr & 15) << 4 | (C.data.ptr & 15) << 8,
             DEFAULT_ROUNDS.get(precision) if rounds is None else rounds,
-            module.cuda.runtime.getDevice(), precision)
+            current_device(), precision)
 
 
 def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
@@ -266,7 +266,7 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
 def _remember_device(xp, A, B, C, precision: str, rounds: int,
                      known: DeviceExact | DeviceFloat) -> None:
     """Keep what a check derived from its inputs' kind for the next call with that kind."""
-    _DEVICE_TYPES[type(A)] = xp
+    _DEVICE_TYPES[type(A)] = xp.cuda.runtime.getDevice
     plans = _DEVICE_EXACT if precision == "exact" else _DEVICE_FLOAT
     if len(plans) >= MAX_DEVICE_PLANS:
         plans.clear()

@@ -5,8 +5,9 @@ int8/int32 data (no converted copy, no limb arrays).
 
 The launch is cooperative (every block resident at once), so its phases meet at grid-wide
 barriers instead of kernel boundaries; each block takes the phases' blocks of rows in turn.
-The host's part of a check is the 32-byte key (one hashlib call), a few assignments into a
-ctypes argument block kept per shape, one driver call and one wait: no copy either way.
+The host's part of a check is the 32-byte key, a few assignments into a ctypes argument
+block kept per shape, one driver call and one wait, with no copy either way: one compiled
+call (verifier.gpu_launch, csrc/verifier_gpu_launch.cc) where it was built, else in Python.
 
 A row of M times a vector v with entries in [0, p) is summed in integers that cannot
 overflow: v is cut into limbs, and each lane sums M_ij * limb_j over its share of the row.
@@ -31,6 +32,7 @@ the check is then re-run with the host's derivation.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 from collections.abc import Iterator
@@ -41,13 +43,27 @@ import numpy as np
 
 from verifier.gpu import (
     COOPERATIVE,
+    SPIN_NS,
     argument_block,
     launch_cooperative,
     pinned,
     resident_blocks,
     wait_for_ticket,
 )
-from verifier.rng import BLOCK_WORDS, FIELD_BLOCK_DOMAIN, P, field_key, field_vectors
+from verifier.rng import (
+    BLOCK_WORDS,
+    FIELD_BLOCK_DOMAIN,
+    FIELD_KEY_DOMAIN,
+    P,
+    field_key,
+    field_label,
+    field_vectors,
+)
+
+try:  # the host's side of a check in one compiled call (csrc/verifier_gpu_launch.cc)
+    from verifier import gpu_launch
+except ImportError:  # not built: the same steps in Python, a few microseconds slower
+    gpu_launch = None
 
 
 class Launch(NamedTuple):
@@ -808,6 +824,7 @@ class Plan(NamedTuple):
     parameters: object  # ctypes array of pointers to them (cuLaunchCooperativeKernel's)
     key: memoryview  # the 32 bytes of arguments that hold the key (a slice assignment is a
     # plain copy, where ctypes.memmove costs the host most of a microsecond)
+    launcher: object  # gpu_launch's capsule for this plan, None without the module
 
 
 @lru_cache(maxsize=16)
@@ -836,7 +853,13 @@ def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
            product_bound if check_c else 0, b.blocks, c.blocks, a.blocks, 0))
     assert len(arguments) == ARGUMENTS
     key = memoryview(arguments).cast("B")[8 * KEY_ARGUMENT : 8 * KEY_ARGUMENT + 32]
-    return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters, key)
+    launcher = None if gpu_launch is None else gpu_launch.launcher(
+        kernel.kernel.ptr, grid, a.threads, ctypes.addressof(parameters),
+        ctypes.addressof(arguments), KEY_ARGUMENT, DERIVE_ARGUMENT, WORDS_ARGUMENT,
+        ws.words.data.ptr, TICKET_ARGUMENT, ws.pinned.ptr, FIELD_KEY_DOMAIN,
+        field_label(n, rounds), SPIN_NS)
+    return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters, key,
+                launcher)
 
 
 def plan_for(A, B, C, rounds: int, bounds: tuple[int, int, int], product_bound: int) -> Plan:
@@ -887,8 +910,13 @@ def check(plan: Plan, A, B, C, seed: bytes) -> tuple[int, int]:
 
     stream = cupy.cuda.get_current_stream()
     with _WORKSPACE_IN_USE:
-        launch(plan, A, B, C, field_key(seed, plan.n, plan.rounds), stream=stream)
-        wrong, first, rejected = _verdict(plan, stream)
+        if plan.launcher is not None:
+            wrong, first, rejected = gpu_launch.check(plan.launcher, A.data.ptr, B.data.ptr,
+                                                      C.data.ptr, seed, stream.ptr,
+                                                      next(plan.ws.tickets))
+        else:
+            launch(plan, A, B, C, field_key(seed, plan.n, plan.rounds), stream=stream)
+            wrong, first, rejected = _verdict(plan, stream)
         if rejected:  # a word is p (2^-61 each): the host's derivation skips it
             R = field_vectors(seed, plan.n, plan.rounds)
             words = cupy.asarray(np.ascontiguousarray(R.T, dtype=np.uint64))
