@@ -13,7 +13,8 @@ and on a GPU the check's one launch (CUDA events, alone and back to back), the h
 to derive the bits and enqueue it, and gpu_float.check() alone. The reference
 is the float32 product (numpy sgemm / cuBLAS); for exact mode numpy's integer matmul is
 also timed where it finishes in reasonable time. On the host the exact check runs in
-verifier.exact_host (built from csrc/) and, for comparison, in numpy alone.
+verifier.exact_host (built from csrc/) and, for comparison, in numpy alone; on a GPU its
+host side runs in verifier.gpu_launch (built from csrc/) and, for comparison, in Python.
 The "read floor" row is one matrix-vector product over each of A, B and C: the memory
 traffic that any check reading every operand once must pay. On a GPU the exact check is
 also timed until verify() returns its verdict (the device synchronised after, untimed: the
@@ -34,7 +35,7 @@ import time
 
 import numpy as np
 
-from verifier import DEFAULT_ROUNDS, exact, verify
+from verifier import DEFAULT_ROUNDS, batch, exact, gpu_exact, verify
 from verifier.arrays import products
 from verifier.floating import residual_and_bound
 from verifier.rng import sign_vectors
@@ -107,8 +108,9 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
     Bi = xp.asarray(rng.integers(-128, 128, (n, n), dtype=np.int8))
     Ci = (Ai.astype(np.float64) @ Bi.astype(np.float64)).astype(np.int32)  # exact: < 2^53
     assert verify(Ai, Bi, Ci, precision="exact", seed=SEED).passed
-    seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED), repeats, sync)
-    rows.append(("verify exact int8->int32, 1 round", seconds, sgemm))
+    exact_seconds = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
+                              repeats, sync)
+    rows.append(("verify exact int8->int32, 1 round", exact_seconds, sgemm))
     if xp is np and exact.exact_host is not None:
         kernel, exact.exact_host = exact.exact_host, None  # numpy's loop, as without csrc/
         try:
@@ -117,6 +119,11 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
         finally:
             exact.exact_host = kernel
         rows.append(("  the same in numpy (no exact_host)", seconds, sgemm))
+    if xp is not np and gpu_exact.gpu_launch is not None:
+        seconds = without_gpu_launch(
+            lambda: best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
+                              repeats, sync))
+        rows.append(("  the same, host side in Python", seconds, sgemm))
     if xp is not np:
         returned = best_time(lambda: verify(Ai, Bi, Ci, precision="exact", seed=SEED),
                              repeats, sync, until_return=True)
@@ -124,8 +131,26 @@ def timing_rows(n: int, xp, sync, int_matmul_limit: int,
         rows += exact_pieces(Ai, Bi, Ci, sgemm, repeats, sync)
     if n <= int_matmul_limit:
         int_matmul = best_time(lambda: Ai.astype(np.int64) @ Bi.astype(np.int64), 1, sync)
-        rows.append(("  vs integer matmul of the same inputs", seconds, int_matmul))
+        rows.append(("  vs integer matmul of the same inputs", exact_seconds, int_matmul))
     return rows
+
+
+def without_gpu_launch(measure):
+    """measure() with the GPU exact check's host side in Python, as without csrc/ (plans
+    made again on either side, since each holds its compiled launcher)."""
+    module = gpu_exact.gpu_launch
+
+    def forget_plans():
+        gpu_exact.prepare.cache_clear()
+        batch._DEVICE_EXACT.clear()
+
+    gpu_exact.gpu_launch = None
+    forget_plans()
+    try:
+        return measure()
+    finally:
+        gpu_exact.gpu_launch = module
+        forget_plans()
 
 
 def event_seconds(enqueue, repeats: int, launches: int = 1) -> float:
