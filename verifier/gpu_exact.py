@@ -853,13 +853,23 @@ def prepare(shapes: tuple, dtypes: tuple, alignments: tuple, rounds: int,
            product_bound if check_c else 0, b.blocks, c.blocks, a.blocks, 0))
     assert len(arguments) == ARGUMENTS
     key = memoryview(arguments).cast("B")[8 * KEY_ARGUMENT : 8 * KEY_ARGUMENT + 32]
-    launcher = None if gpu_launch is None else gpu_launch.launcher(
-        kernel.kernel.ptr, grid, a.threads, ctypes.addressof(parameters),
-        ctypes.addressof(arguments), KEY_ARGUMENT, DERIVE_ARGUMENT, WORDS_ARGUMENT,
-        ws.words.data.ptr, TICKET_ARGUMENT, ws.pinned.ptr, FIELD_KEY_DOMAIN,
-        field_label(n, rounds), SPIN_NS)
     return Plan(ws, n, rounds, kernel.kernel.ptr, grid, a.threads, arguments, parameters, key,
-                launcher)
+                _launcher(kernel.kernel.ptr, grid, a.threads, parameters, arguments, ws))
+
+
+def _launcher(function: int, grid: int, threads: int, parameters, arguments, ws: Workspace):
+    """gpu_launch's capsule for a plan, or None: without the module, or where it cannot open
+    the driver as libcuda.so.1 (CuPy found it some other way), the same steps run in Python."""
+    if gpu_launch is None:
+        return None
+    rounds, n = ws.words.shape
+    try:
+        return gpu_launch.launcher(
+            function, grid, threads, ctypes.addressof(parameters), ctypes.addressof(arguments),
+            KEY_ARGUMENT, DERIVE_ARGUMENT, WORDS_ARGUMENT, ws.words.data.ptr, TICKET_ARGUMENT,
+            ws.pinned.ptr, FIELD_KEY_DOMAIN, field_label(n, rounds), SPIN_NS)
+    except RuntimeError:
+        return None
 
 
 def plan_for(A, B, C, rounds: int, bounds: tuple[int, int, int], product_bound: int) -> Plan:
