@@ -831,7 +831,10 @@ class NodeApp:
         worker waits for its commit and finalisation with one request instead of two."""
         query = parse_qs(scope["query_string"].decode("latin-1"))
         try:
-            block = int(query.get("block", ["0"])[-1])
+            block_text = query.get("block", ["0"])[-1]
+            if not (block_text.isascii() and block_text.isdigit()):  # int() takes "1_0", " 5"
+                raise ValueError(f"block must be a block number, got {block_text!r}")
+            block = int(block_text)
             timeout = float(query.get("timeout", ["10"])[-1])
             if not math.isfinite(timeout):
                 raise invalid_params(f"timeout must be a finite number of seconds, got {timeout}")

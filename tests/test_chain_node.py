@@ -447,8 +447,10 @@ def test_standard_methods_and_error_codes(node, w3):
     assert notification.status_code == 204 and notification.content == b""
     huge = httpx.post(node.url, content=b" " * (64 * 2**20 + 1))
     assert huge.status_code == 413 and "request body over" in huge.json()["error"]
-    bad = httpx.get(f"{node.url}/wait", params={"block": "latest"})
-    assert bad.status_code == 400 and "block and timeout must be numbers" in bad.json()["error"]
+    for block in ("latest", "1_0", " 5", "-1", "\u0663", "0x10"):
+        bad = httpx.get(f"{node.url}/wait", params={"block": block, "timeout": 0})
+        assert bad.status_code == 400 and "block and timeout must be numbers" in \
+            bad.json()["error"], block
     assert httpx.get(f"{node.url}/info").json()["chain_id"] == 1414
 
 
