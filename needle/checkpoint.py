@@ -66,11 +66,23 @@ def load(path: str, model: Module, optimizer: Optimizer | None = None) -> dict[s
     if optimizer is not None and not parts["optimizer"]:
         raise ValueError(f"{path}: checkpoint holds no optimizer state")
     previous = model.state_dict()
-    model.load_state_dict(parts["model"])
+    try:
+        model.load_state_dict(parts["model"])
+    except (KeyError, ValueError) as e:
+        raise _naming(path, e) from None
     if optimizer is not None:
         try:
             optimizer.load_state_dict(parts["optimizer"])
-        except Exception:
+        except Exception as e:
             model.load_state_dict(previous)  # the model alone must not move to the checkpoint
+            if isinstance(e, (KeyError, ValueError)):
+                raise _naming(path, e) from None
             raise
     return parts["train"]
+
+
+def _naming(path: str, error: Exception) -> Exception:
+    """The same kind of error, its message led by the checkpoint's path: a model or optimizer
+    that does not match says which file it does not match."""
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return type(error)(f"{path}: {message}")

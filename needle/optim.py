@@ -156,6 +156,8 @@ class Adam(Optimizer):
         _require(values, "eps", 0.0, low_open=True)  # 0 makes a zero gradient 0/0 = NaN
         _require(values, "weight_decay", 0.0)
         _require(values, "t", 0)
+        if not float(values["t"]).is_integer():  # a step count: 2.5 would skew bias correction
+            raise ValueError(f"t must be a whole number of steps, got {values['t']}")
 
     def _slots(self):
         return {"m": self.m, "v": self.v}

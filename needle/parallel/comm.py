@@ -7,6 +7,8 @@ about autograd.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -18,14 +20,21 @@ class Communicator:
     """A group of ranks exchanging numpy buffers over MPI.
 
     Works unchanged in a plain `python` process (a singleton world of size 1),
-    so code written for `mpiexec -n N` runs without the launcher too.
+    so code written for `mpiexec -n N` runs without the launcher too. Waits for the
+    gradient allreduce and for pipeline messages give up with a TimeoutError after
+    `timeout_s` (None: never), so a peer that exited or is stuck cannot hold this rank forever.
     """
 
-    def __init__(self, mpi_comm: Any = None):
+    def __init__(self, mpi_comm: Any = None, timeout_s: float | None = 1800.0):
         from mpi4py import MPI  # imported here: importing needle must not start MPI
 
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive or None, got {timeout_s}")
         self._mpi = MPI
         self.comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        self.timeout_s = timeout_s
+        if MPI.COMM_WORLD.Get_size() > 1:
+            _abort_job_on_uncaught_exception(MPI)
 
     @property
     def rank(self) -> int:
@@ -43,20 +52,43 @@ class Communicator:
         """Let MPI move started transfers along (MPICH advances them only inside MPI calls)."""
         self._mpi.Request.Testall(requests)
 
+    def wait_all(self, requests: list, what: str = "the gradient allreduce") -> None:
+        """Wait for started transfers, at most `timeout_s`."""
+        self._poll(lambda: self._mpi.Request.Testall(requests), what)
+
+    def _poll(self, done, what: str) -> None:
+        """Call `done()` until it is true, pausing at most 0.1 ms between calls (a step's wait
+        must not grow by a millisecond); TimeoutError, naming `what`, after `timeout_s`."""
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        pause = 1e-5
+        while not done():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank {self.rank} of {self.size}: {what} did not finish within "
+                    f"{self.timeout_s} s; a peer rank has exited, died or is stuck"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-4)
+
     def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
         """Overwrite `buf` on every rank with root's copy."""
-        self.comm.Bcast(_contiguous(buf), root=root)
+        request = self.comm.Ibcast(_contiguous(buf), root=root)
+        self.wait_all([request], f"the broadcast from rank {root}")
 
     def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None:
         """Send an array of any shape and dtype; the receiver learns both from a header."""
         array = np.ascontiguousarray(array)
         self.comm.send((array.shape, array.dtype.str), dest=dest, tag=tag)
-        self.comm.Send(array, dest=dest, tag=tag)
+        self.wait_all([self.comm.Isend(array, dest=dest, tag=tag)], f"a message to rank {dest}")
 
     def recv(self, source: int, tag: int = 0) -> np.ndarray:
+        """Receive what `send` sent, waiting at most `timeout_s` for it to arrive."""
+        self._poll(
+            lambda: self.comm.Iprobe(source=source, tag=tag), f"a message from rank {source}"
+        )
         shape, dtype = self.comm.recv(source=source, tag=tag)
         array = np.empty(shape, dtype=np.dtype(dtype))
-        self.comm.Recv(array, source=source, tag=tag)
+        self.wait_all([self.comm.Irecv(array, source=source, tag=tag)], f"data from rank {source}")
         return array
 
     def allgather_objects(self, obj: Any) -> list:
@@ -142,6 +174,11 @@ class NcclCommunicator:
     def progress(self, requests: list) -> None:
         """Nothing to do: NCCL's kernels make their own progress."""
 
+    def wait_all(self, requests: list, what: str = "the gradient allreduce") -> None:
+        """Order the default stream after the requests; the host does not block here."""
+        for request in requests:
+            request.Wait()
+
     def zeros(self, n: int) -> Any:
         return self.cupy.zeros(n, dtype=self.cupy.float32)
 
@@ -176,6 +213,25 @@ class _StreamEvent:
         import cupy
 
         cupy.cuda.Stream.null.wait_event(self.event)
+
+
+def _abort_job_on_uncaught_exception(mpi: Any) -> None:
+    """Make a rank that dies of an exception abort the whole job, as `python -m mpi4py` does.
+
+    Under a plain `mpiexec -n N python train.py` the other ranks would otherwise wait in
+    their next collective forever. The traceback is printed first; installed once.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_needle_aborts", False):
+        return
+
+    def hook(kind, value, traceback) -> None:
+        previous(kind, value, traceback)
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(1)
+
+    hook._needle_aborts = True
+    sys.excepthook = hook
 
 
 def select_gpu_for_rank() -> int:

@@ -4,10 +4,13 @@
     opt = ndl.optim.SGD(model.parameters(), lr=0.1)
     x, y = model.shard(x_batch), model.shard(y_batch)
     opt.reset_grad()
-    model.backward(loss_fn(model(ndl.Tensor(x)), ndl.Tensor(y)))   # backward + allreduce
+    loss = loss_fn(model(ndl.Tensor(x)), ndl.Tensor(y))
+    model.backward(loss, model.local_fraction(len(x_batch)))  # backward + allreduce
     opt.step()                                      # identical update on every rank
 
-Run under `mpiexec -n N python train.py` (or `python -m needle.parallel.launch`).
+`local_fraction` weights each rank's shard-mean gradient by its share of the batch; the
+default, 1/N, is right only when N divides the batch. Run under `mpiexec -n N python
+train.py` (or `python -m needle.parallel.launch`).
 """
 from __future__ import annotations
 
@@ -214,8 +217,7 @@ class DataParallel(Module):
                 if id(param) not in sync.packed:
                     self._pack(param, buffer[offset : offset + _numel(param)])
             sync.requests.append(self.comm.iallreduce_sum_(buffer))
-        for request in sync.requests:
-            request.Wait()
+        self.comm.wait_all(sync.requests)
         for name, norm, view in self._stat_views():
             stat = self.comm.unpack(view, (norm.dim,), norm.weight.device)
             setattr(norm, name, ndl.Tensor(stat, requires_grad=False))
