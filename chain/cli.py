@@ -5,6 +5,7 @@ import errno
 import json
 import logging
 import socket
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -13,6 +14,8 @@ import typer
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES
 from chain.params import CHAIN_ID, DEV_ACCOUNT_BALANCE, DEV_ACCOUNT_COUNT, MARKET_ADDRESS
 
+LogLevel = Enum("LogLevel", {name: name for name in (  # uvicorn.config.LOG_LEVELS
+    "critical", "error", "warning", "info", "debug", "trace")})
 app = typer.Typer(help="needle-net proof-of-useful-work chain (py-evm).", no_args_is_help=True)
 
 
@@ -38,7 +41,8 @@ def up(
         help="Memory for the latest large uploads, whose downloads (workers fetching the "
              "operands just uploaded) are then sent without a disk read, MiB; 0: off.",
         min=0)] = 256,
-    log_level: Annotated[str, typer.Option(help="Python/uvicorn log level.")] = "warning",
+    log_level: Annotated[LogLevel, typer.Option(help="Python/uvicorn log level.",
+                                                case_sensitive=False)] = LogLevel.warning,
 ) -> None:
     """Start a node: JSON-RPC at http://HOST:PORT/, node info at /info, blobs at
     http://HOST:BLOB_PORT/blobs (and at /blobs). Refuses to start, before it opens the
@@ -51,7 +55,8 @@ def up(
     from chain.node import Node, NodeConfig
     from chain.rpc import create_app
 
-    logging.basicConfig(level=log_level.upper())
+    log_level = log_level.value
+    logging.basicConfig(level=uvicorn.config.LOG_LEVELS[log_level])  # "trace" is uvicorn's
     rpc_listener, blob_listener = _listeners(host, port, blob_port)
     try:
         node = Node(NodeConfig(data_dir=data_dir, block_time=block_time,
@@ -164,6 +169,18 @@ def info(
     """Print a running node's /info (chain id, contract address, blob URL...)."""
     import httpx
 
-    data = httpx.get(f"{url.rstrip('/')}/info", timeout=10).raise_for_status().json()
-    data.pop("abi")
+    url = f"{url.rstrip('/')}/info"
+    try:
+        data = httpx.get(url, timeout=10).raise_for_status().json()
+    except httpx.HTTPStatusError as exc:
+        _fail(f"{url} answered HTTP {exc.response.status_code}: not a needle-net chain node?")
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        _fail(f"not a chain node URL: {exc}")
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the chain node at {url}: {exc}")
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or "chain_id" not in data:
+        _fail(f"{url} did not answer a chain node's info: not a needle-net chain node?")
+    data.pop("abi", None)
     typer.echo(json.dumps(data, indent=2))

@@ -4,15 +4,33 @@ dashboard page, and token-protected admin actions. OpenAPI docs come with FastAP
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
+from node.market import TxReverted, is_transient
 from node.metrics import NodeMetrics
 
 DASHBOARD = Path(__file__).with_name("dashboard.html")
+T = TypeVar("T")
+
+
+def _on_chain(action: Callable[[], T]) -> T:
+    """`action()`, which reads or writes the chain: a revert answers 409 with the contract's
+    reason, an unreachable chain node 503 (neither is this node's bug, a 500)."""
+    try:
+        return action()
+    except TxReverted as err:
+        reason = getattr(err.__cause__, "message", None) or str(err)
+        raise HTTPException(409, f"the chain refused: {reason.removeprefix('execution reverted: ')}"
+                            ) from err
+    except Exception as err:
+        if not is_transient(err):
+            raise
+        raise HTTPException(503, "the chain node cannot be reached; try again") from err
 
 
 class NodeView(Protocol):
@@ -56,7 +74,7 @@ def create_app(node: NodeView, admin_token: str | None) -> FastAPI:
 
     @app.get("/blocks")
     def blocks(count: int = 10) -> list[dict]:
-        return node.recent_blocks(max(1, min(count, 50)))
+        return _on_chain(lambda: node.recent_blocks(max(1, min(count, 50))))
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -75,6 +93,6 @@ def create_app(node: NodeView, admin_token: str | None) -> FastAPI:
     @app.post("/admin/withdraw")
     def withdraw(authorization: str | None = Header(default=None)) -> dict:
         require_admin(authorization)
-        return node.request_withdraw()
+        return _on_chain(node.request_withdraw)
 
     return app

@@ -126,6 +126,18 @@ def _wei(amount: float, what: str, allow_zero: bool = False) -> int:
     return wei
 
 
+def _require_positive(value: float, option: str, unit: str) -> None:
+    """Refuse NaN, infinity, zero and negative values of a numeric option."""
+    if not (math.isfinite(value) and value > 0):
+        _fail(f"{option} must be a positive number of {unit}, got {value}")
+
+
+def _require_dir(path: Path, option: str) -> None:
+    """Refuse a state directory that is a file (before anything is created under it)."""
+    if path.exists() and not path.is_dir():
+        _fail(f"{option} {path} is not a directory")
+
+
 def _address(text: str) -> str:
     """A checksummed address, refusing malformed ones and mixed case with a bad checksum."""
     from web3 import Web3
@@ -138,22 +150,30 @@ def _address(text: str) -> str:
     return Web3.to_checksum_address(text)
 
 
-def _check_writable(path: Path) -> None:
-    """Refuse an output file that cannot be written before any fee is spent on its result."""
+def _check_writable(path: Path, force: bool) -> None:
+    """Refuse an output file that cannot be written, or that exists (unless `force`), before
+    any fee is spent on its result."""
     if path.is_dir():
         _fail(f"output {path} is a directory, not a file")
+    if path.exists() and not force:
+        _fail(f"output {path} exists; pass --force to overwrite it")
     if not path.parent.is_dir():
         _fail(f"output {path}: directory {path.parent} does not exist")
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        _fail(f"output {path} is not writable")
+    if not os.access(path.parent, os.W_OK):  # `_save` writes beside it, then renames
+        _fail(f"output {path} is not writable: directory {path.parent} is read-only to you")
 
 
 def _save(path: Path, array: np.ndarray) -> None:
-    """Write `array` as .npy to exactly `path` (`np.save` given a name would add `.npy`)."""
+    """Write `array` as .npy to exactly `path` (`np.save` given a name would add `.npy`),
+    through a temporary file beside it: a failed write leaves no partial file, and an
+    existing `path` as it was."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
-        with path.open("wb") as f:
+        with part.open("wb") as f:
             np.save(f, array)
+        os.replace(part, path)
     except OSError as err:
+        part.unlink(missing_ok=True)
         _fail(f"cannot write {path}: {err}")
 
 
@@ -171,14 +191,17 @@ def _load_operand(path: Path) -> np.ndarray:
 
 @devnet_app.command("up")
 def devnet_up(
-    workers: Annotated[int, typer.Option(help="Number of worker processes.")] = 2,
+    workers: Annotated[int, typer.Option(help="Number of worker processes.", min=0)] = 2,
     data_dir: Annotated[Path, typer.Option(help="State of chain and workers.")] = Path(
         ".needle-net/devnet"),
-    port: Annotated[int, typer.Option(help="Chain JSON-RPC port.")] = 8545,
-    block_time: Annotated[float, typer.Option(help="Seconds between blocks.")] = 0.5,
+    port: Annotated[int, typer.Option(help="Chain JSON-RPC port; 0: any free port.", min=0,
+                                      max=65535)] = 8545,
+    block_time: Annotated[float, typer.Option(
+        help="Seconds between blocks (at most a day); 0: seal only when transactions are "
+             "pending.", min=0, max=86400)] = 0.5,
     blob_port: Annotated[int | None, typer.Option(
         help="Port of the chain's blob listener (default: the JSON-RPC port + 1, else any "
-             "free port; 0: any free port).")] = None,
+             "free port; 0: any free port).", min=0, max=65535)] = None,
 ) -> None:
     """Start a chain node and N workers as local processes; Ctrl-C stops them all.
 
@@ -188,6 +211,7 @@ def devnet_up(
 
     from node.devnet import Devnet
 
+    _require_dir(data_dir, "--data-dir")
     signal.signal(signal.SIGTERM, _exit_on_signal)  # leave through `with`: stop the children
     with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port) as net:
         net.start(workers)
@@ -216,9 +240,11 @@ def worker_up(
     max_flops: Annotated[float, typer.Option(help="Largest job accepted (FLOPs).")] = 2 * 4096**3,
     max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.", min=1)] = 8,
     poll_interval: Annotated[float, typer.Option(
-        help="Longest wait for a new block (the node pushes it) before polling anyway.")] = 1.0,
+        help="Longest wait for a new block (the node pushes it) before polling anyway, in "
+             "seconds.")] = 1.0,
     api_host: Annotated[str, typer.Option(help="HTTP API address.")] = "127.0.0.1",
-    api_port: Annotated[int, typer.Option(help="HTTP API port (dashboard at /).")] = 8600,
+    api_port: Annotated[int, typer.Option(help="HTTP API port (dashboard at /).", min=1,
+                                          max=65535)] = 8600,
     admin_token_file: Annotated[Path | None, typer.Option(
         help="File with the token for /admin routes (else $NEEDLE_NET_ADMIN_TOKEN).")] = None,
     corrupt_results: Annotated[bool, typer.Option(hidden=True)] = False,
@@ -232,6 +258,10 @@ def worker_up(
     """
     from node.worker import Worker, WorkerConfig, admin_token
 
+    stake_wei, min_fee_wei = _wei(stake, "--stake"), _wei(min_fee, "--min-fee", allow_zero=True)
+    _require_positive(max_flops, "--max-flops", "FLOPs")
+    _require_positive(poll_interval, "--poll-interval", "seconds")
+    _require_dir(data_dir, "--data-dir")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
@@ -243,8 +273,8 @@ def worker_up(
     except ValueError as err:
         _fail(str(err))
     config = WorkerConfig(
-        rpc_url=rpc_url, data_dir=data_dir, stake_wei=int(stake * ETHER),
-        min_fee_wei=int(min_fee * ETHER), max_flops=int(max_flops), max_in_flight=max_in_flight,
+        rpc_url=rpc_url, data_dir=data_dir, stake_wei=stake_wei,
+        min_fee_wei=min_fee_wei, max_flops=int(max_flops), max_in_flight=max_in_flight,
         poll_interval=poll_interval, api_host=api_host, api_port=api_port, admin_token=token,
         corrupt_results=corrupt_results, stall_after_claim=stall_after_claim,
     )
@@ -263,6 +293,8 @@ def submit(
     a_path: Annotated[Path, typer.Argument(metavar="A.npy", help="Left operand.")],
     b_path: Annotated[Path, typer.Argument(metavar="B.npy", help="Right operand.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write C.")],
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")
+                     ] = False,
     rpc_url: RpcUrl = DEFAULT_RPC,
     keystore: Keystore = None,
     password_file: PasswordFile = None,
@@ -281,10 +313,9 @@ def submit(
 
     if not 1 <= deadline <= MAX_DEADLINE_BLOCKS:
         _fail(f"--deadline must be between 1 and {MAX_DEADLINE_BLOCKS} blocks, got {deadline}")
-    if not (math.isfinite(timeout) and timeout > 0):
-        _fail(f"--timeout must be a positive number of seconds, got {timeout}")
+    _require_positive(timeout, "--timeout", "seconds")
     fee_wei = _wei(fee, "--fee", allow_zero=True)
-    _check_writable(output)
+    _check_writable(output, force)
     a, b = _load_operand(a_path), _load_operand(b_path)
     client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=fee_wei,
                        timeout=timeout, timeout_blocks=deadline, progress=True)
@@ -335,6 +366,8 @@ def cancel(
 def fetch(
     job_id: Annotated[int, typer.Argument(help="A done job.", min=0)],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write C.")],
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")
+                     ] = False,
     rpc_url: RpcUrl = DEFAULT_RPC,
 ) -> None:
     """Write the result of a done job, e.g. one whose `submit` timed out after a worker
@@ -345,7 +378,7 @@ def fetch(
     from chain.devnet import dev_account
     from node.market import JOB_DONE, STATUS_NAMES, Market
 
-    _check_writable(output)
+    _check_writable(output, force)
     market = Market(rpc_url, dev_account(0))
     try:
         job = _existing_job(market, job_id)
@@ -545,7 +578,7 @@ def withdraw(
 
 @app.command()
 def demo(
-    workers: Annotated[int, typer.Option(help="Worker processes to start.")] = 2,
+    workers: Annotated[int, typer.Option(help="Worker processes to start.", min=1)] = 2,
     data_dir: Annotated[Path | None, typer.Option(help="Default: a temporary directory.")] = None,
 ) -> None:
     """Start a devnet, submit a demo job and a short training run with offloaded matmuls,
@@ -555,4 +588,6 @@ def demo(
     """
     from node.demo import run_demo
 
+    if data_dir is not None:
+        _require_dir(data_dir, "--data-dir")
     run_demo(workers, data_dir, console)
