@@ -223,14 +223,19 @@ class Tensor(Value):
     __array_ufunc__ = None  # numpy scalars on the left defer to Tensor's reflected operators
 
     # ------------------------------------------------------------------ autodiff
-    def backward(self, out_grad: Tensor | None = None) -> None:
-        """Fill .grad of every Tensor this one depends on (the adjoint of self, default ones)."""
+    def backward(self, out_grad: Tensor | float | np.ndarray | None = None) -> None:
+        """Fill .grad of every Tensor this one depends on (the adjoint of self, default ones;
+        a number or array, of self's shape, is taken as a constant Tensor on self's device)."""
         if out_grad is None:
             out_grad = Tensor(
                 self.device.ones(*self.shape), device=self.device, requires_grad=False
             )
-        elif out_grad.shape != self.shape:
+        elif not isinstance(out_grad, Tensor):
+            out_grad = Tensor(out_grad, device=self.device, requires_grad=False)
+        if out_grad.shape != self.shape:
             raise ValueError(f"backward: out_grad shape {out_grad.shape} != {self.shape}")
+        if out_grad.device != self.device:
+            raise ValueError(f"backward: out_grad on {out_grad.device}, tensor on {self.device}")
         compute_gradient_of_variables(self, out_grad)
 
     def register_grad_ready_hook(self, fn: Callable[[Tensor], None]) -> None:

@@ -38,8 +38,13 @@ class LogSumExp(TensorOp):
         # exp(z - lse) is softmax(z) times exp(exact lse - float32 lse); once |lse| is large
         # (a row of -1e9 masks: lse = -1e9 + log(n) rounds to -1e9) that factor is far from 1,
         # so normalise: the gradient of logsumexp sums to 1 over the reduced axes.
-        e = exp(z - broadcast_to(reshape(node, kept), z.shape))
-        softmax = e / broadcast_to(reshape(summation(e, self.axes), kept), z.shape)
+        # A slice of all -inf (lse = -inf) gets a zero gradient, not NaN from -inf - -inf and
+        # 0 / 0: the shift is lse kept finite (a constant: softmax does not depend on it).
+        shift = node.realize_cached_data().maximum(-FLOAT32_MAX).reshape(kept)
+        e = exp(z - Tensor.make_const(shift.broadcast_to(z.shape)))
+        total = summation(e, self.axes)
+        total = total + (total == 0.0)  # 0 / 1 where every exp underflowed to 0
+        softmax = e / broadcast_to(reshape(total, kept), z.shape)
         return broadcast_to(reshape(out_grad, kept), z.shape) * softmax
 
 

@@ -104,8 +104,10 @@ class EWiseDiv(TensorOp):
         return a / b
 
     def gradient(self, out_grad, node):
-        a, b = node.inputs
-        return out_grad / b, -out_grad * a / (b * b)
+        # -a / b**2 as (a / b) / b (as PyTorch): b * b overflows for |b| > 1.8e19 and
+        # underflows to 0 for |b| < 1e-19 in float32, where (a / b) / b may be finite
+        b = node.inputs[1]
+        return out_grad / b, -out_grad * (node / b)
 
 
 def divide(a: Tensor, b: Tensor) -> Tensor:
@@ -152,8 +154,11 @@ class EWisePow(TensorOp):
         return a**b
 
     def gradient(self, out_grad, node):
+        # 0 * inf = NaN is avoided where the derivative is 0 (as PyTorch): a ** 0 is constant
+        # in a (exponent b - 1 becomes 0 there), and 0 ** b in b (log(a) becomes log(1))
         a, b = node.inputs
-        return out_grad * b * a ** (b - 1), out_grad * node * log(a)
+        grad_a = out_grad * b * a ** (b - 1.0 + (b == 0.0))
+        return grad_a, out_grad * node * log(a + (a == 0.0))
 
 
 def power(a: Tensor, b: Tensor) -> Tensor:

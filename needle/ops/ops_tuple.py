@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..autograd import NDArray, Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
 from ..backend_ndarray.ndarray import _normalize_axes
 from .ops_shape import getitem
@@ -36,9 +38,15 @@ def make_tuple(*args: Tensor) -> TensorTuple:
 
 class TupleGetItem(TensorOp):
     def __init__(self, index: int):
-        self.index = index
+        if not isinstance(index, int | np.integer):
+            raise TypeError(f"a TensorTuple index must be an int, got {index!r}")
+        self.index = int(index)
 
     def __call__(self, a: TensorTuple) -> Tensor:
+        if self.index < 0:  # as a position: backward matches entries to parts by position
+            if self.index < -len(a):
+                raise IndexError(f"tuple index {self.index} is out of range for {len(a)} parts")
+            self.index += len(a)
         if isinstance(a.op, MakeTensorTuple):  # no node needed to unpack a tuple just built
             return a.inputs[self.index]
         return Tensor.make_from_op(self, (a,))
