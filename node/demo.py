@@ -3,6 +3,7 @@ with offloaded matmuls; then what each party saw and earned."""
 
 from __future__ import annotations
 
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from node.client import JobClient
@@ -23,52 +25,88 @@ def _balances(client: JobClient, addresses: list[str]) -> dict[str, int]:
     return {a: client.market.balance_of(a) for a in addresses}
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt("terminated (SIGTERM)")
+
+
+def _import_up_front(console: Console) -> None:
+    """Import what the demo uses later before any process starts: without scikit-learn
+    (the training step's data) the demo stops here with one line, not after step 1; and
+    Ctrl-C cannot land in the first import of numpy.random or scikit-learn, whose Cython
+    modules' initialisation drops a KeyboardInterrupt (the demo then ran on)."""
+    import numpy.random  # noqa: F401
+
+    try:
+        import sklearn.datasets  # noqa: F401
+    except ImportError as err:
+        console.print(f"[red]error:[/red] the demo's training step needs scikit-learn "
+                      f"(pip install scikit-learn): {escape(str(err))}", soft_wrap=True)
+        raise SystemExit(1) from None
+
+
 def run_demo(workers: int, data_dir: Path | None, console: Console) -> None:
-    with tempfile.TemporaryDirectory(prefix="needle-net-demo-") as tmp:
-        root = Path(data_dir) if data_dir else Path(tmp)
-        console.rule("needle-net demo")
-        console.print(f"starting a chain node and {workers} worker(s) in {root} ...")
-        with Devnet(root, block_time=0.2) as net:
-            net.start(workers)
-            client = JobClient(net.rpc_url, timeout=120, progress=True)
-            parties = [client.address, *(w.address for w in net.workers)]
-            before = _balances(client, parties)
-            console.print(f"chain at {net.rpc_url}; client {client.address}")
+    """Ctrl-C or SIGTERM at any point stops the devnet's processes and removes the
+    temporary data dir before the demo exits."""
+    _import_up_front(console)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with tempfile.TemporaryDirectory(prefix="needle-net-demo-") as tmp:
+            root = Path(data_dir) if data_dir else Path(tmp)
+            console.rule("needle-net demo")
+            console.print(f"starting a chain node and {workers} worker(s) in {root} ...")
+            with Devnet(root, block_time=0.2) as net:
+                try:
+                    _show(net, workers, console)
+                except KeyboardInterrupt as err:
+                    console.print(f"{err or 'interrupted'}; stopping the chain node and "
+                                  "workers ...")
+                    raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
-            console.rule("1. one verified remote matmul (256 x 256, float32)")
-            rng = np.random.default_rng(0)
-            a = rng.standard_normal((256, 256)).astype(np.float32)
-            b = rng.standard_normal((256, 256)).astype(np.float32)
-            t0 = time.perf_counter()
-            c = client.matmul(a, b)
-            seconds = time.perf_counter() - t0
-            error = float(np.abs(c - a.astype(np.float64) @ b).max())
-            console.print(f"result {c.shape} in {seconds:.2f}s, max |C - A@B| = {error:.2e} "
-                          "(verified by the chain's Freivalds check and by this client)")
 
-            console.rule("2. training an MLP on digits: local, then with matmuls offloaded")
-            local = train_digits(steps=20)
-            console.print(f"local:     test accuracy {local.test_accuracy:.3f}")
-            client.progress = False
-            t0 = time.perf_counter()
-            offloaded = train_digits(client, steps=20)
-            console.print(f"offloaded: test accuracy {offloaded.test_accuracy:.3f} "
-                          f"({offloaded.offloaded_matmuls} matmuls as network jobs, "
-                          f"{offloaded.local_matmuls} small ones local, "
-                          f"{time.perf_counter() - t0:.1f}s)")
+def _show(net: Devnet, workers: int, console: Console) -> None:
+    """The demo proper, on a devnet that is not started yet."""
+    net.start(workers)
+    client = JobClient(net.rpc_url, timeout=120, progress=True)
+    parties = [client.address, *(w.address for w in net.workers)]
+    before = _balances(client, parties)
+    console.print(f"chain at {net.rpc_url}; client {client.address}")
 
-            console.rule("3. what each party saw and earned")
-            after = _balances(client, parties)
-            table = Table("party", "address", "jobs verified", "fees earned (ETH)",
-                          "balance change (ETH)")
-            table.add_row("client", client.address, "", "",
-                          f"{(after[client.address] - before[client.address]) / ETHER:+.6f}")
-            for w in net.workers:
-                status = httpx.get(f"{w.api_url}/status", timeout=5).json()
-                table.add_row(f"worker {w.index}", w.address, str(status["completed"]),
-                              f"{status['earned_wei'] / ETHER:.6f}",
-                              f"{(after[w.address] - before[w.address]) / ETHER:+.6f}")
-            console.print(table)
-            console.print("worker balance change = fees + proof-of-useful-work block rewards "
-                          "- gas; dashboards: " + ", ".join(w.api_url for w in net.workers))
-            client.close()
+    console.rule("1. one verified remote matmul (256 x 256, float32)")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    t0 = time.perf_counter()
+    c = client.matmul(a, b)
+    seconds = time.perf_counter() - t0
+    error = float(np.abs(c - a.astype(np.float64) @ b).max())
+    console.print(f"result {c.shape} in {seconds:.2f}s, max |C - A@B| = {error:.2e} "
+                  "(verified by the chain's Freivalds check and by this client)")
+
+    console.rule("2. training an MLP on digits: local, then with matmuls offloaded")
+    local = train_digits(steps=20)
+    console.print(f"local:     test accuracy {local.test_accuracy:.3f}")
+    client.progress = False
+    t0 = time.perf_counter()
+    offloaded = train_digits(client, steps=20)
+    console.print(f"offloaded: test accuracy {offloaded.test_accuracy:.3f} "
+                  f"({offloaded.offloaded_matmuls} matmuls as network jobs, "
+                  f"{offloaded.local_matmuls} small ones local, "
+                  f"{time.perf_counter() - t0:.1f}s)")
+
+    console.rule("3. what each party saw and earned")
+    after = _balances(client, parties)
+    table = Table("party", "address", "jobs verified", "fees earned (ETH)",
+                  "balance change (ETH)")
+    table.add_row("client", client.address, "", "",
+                  f"{(after[client.address] - before[client.address]) / ETHER:+.6f}")
+    for w in net.workers:
+        status = httpx.get(f"{w.api_url}/status", timeout=5).json()
+        table.add_row(f"worker {w.index}", w.address, str(status["completed"]),
+                      f"{status['earned_wei'] / ETHER:.6f}",
+                      f"{(after[w.address] - before[w.address]) / ETHER:+.6f}")
+    console.print(table)
+    console.print("worker balance change = fees + proof-of-useful-work block rewards "
+                  "- gas; dashboards: " + ", ".join(w.api_url for w in net.workers))
+    client.close()

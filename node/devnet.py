@@ -82,17 +82,23 @@ class Devnet:
         _require_free(self.port, "chain")
         if blob_port:
             _require_free(blob_port, "blob")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock: TextIO | None = _lock(self.data_dir)
+        self.password_file = self.data_dir / "password"
+        self.chain: subprocess.Popen | None = None
+        self.workers: list[WorkerProcess] = []
+        self._lock: TextIO | None = None
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = _lock(self.data_dir)
+            if not self.password_file.exists():
+                self.password_file.write_text(secrets.token_hex(16))
+                self.password_file.chmod(0o600)
+        except OSError as err:  # read-only, a file on the path, no space, ...
+            self.close()
+            raise DevnetError(f"cannot use data dir {self.data_dir}: "
+                              f"{err.strerror or err}") from None
         self.rpc_url = f"http://127.0.0.1:{self.port}"
         self.block_time = block_time
         self.log_to_files = log_to_files
-        self.password_file = self.data_dir / "password"
-        if not self.password_file.exists():
-            self.password_file.write_text(secrets.token_hex(16))
-            self.password_file.chmod(0o600)
-        self.chain: subprocess.Popen | None = None
-        self.workers: list[WorkerProcess] = []
 
     def __enter__(self) -> Devnet:
         return self
