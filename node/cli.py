@@ -214,18 +214,18 @@ def devnet_up(
     _require_dir(data_dir, "--data-dir")
     signal.signal(signal.SIGTERM, _exit_on_signal)  # leave through `with`: stop the children
     with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port) as net:
-        net.start(workers)
-        table = Table("process", "address", "API / dashboard")
-        table.add_row("chain", "", net.rpc_url)
-        table.add_row("blob store", "", httpx.get(f"{net.rpc_url}/info").json()["blob_url"])
-        for w in net.workers:
-            table.add_row(f"worker {w.index}", w.address, w.api_url)
-        console.print(table)
-        console.print(f"logs in {data_dir}; Ctrl-C to stop")
-        try:
+        try:  # Ctrl-C while starting too: say so before the (up to 15 s per process) shutdown
+            net.start(workers)
+            table = Table("process", "address", "API / dashboard")
+            table.add_row("chain", "", net.rpc_url)
+            table.add_row("blob store", "", httpx.get(f"{net.rpc_url}/info").json()["blob_url"])
+            for w in net.workers:
+                table.add_row(f"worker {w.index}", w.address, w.api_url)
+            console.print(table)
+            console.print(f"logs in {data_dir}; Ctrl-C to stop")
             net.watch()  # DevnetError, one error line, once any process exits
         except KeyboardInterrupt:
-            console.print("stopping")
+            console.print("stopping the chain node and workers ...")
 
 
 @worker_app.command("up")

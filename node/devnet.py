@@ -108,11 +108,15 @@ class Devnet:
 
     def _spawn(self, args: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
         out = open(self.data_dir / log_name, "ab") if self.log_to_files else None  # noqa: SIM115
-        return subprocess.Popen(
-            [sys.executable, "-m", "node", *args], stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, start_new_session=True,
-            preexec_fn=_terminate_with_parent,
-        )
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "node", *args], stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})}, start_new_session=True,
+                preexec_fn=_terminate_with_parent,
+            )
+        finally:  # the child has its own copy: keeping ours leaked one per process started
+            if out is not None:
+                out.close()
 
     def start(self, workers: int = 1) -> Devnet:
         self.start_chain()

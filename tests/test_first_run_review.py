@@ -1,6 +1,7 @@
 """A new user's first run, from a review: `needle-net demo` stopped by SIGTERM or Ctrl-C
 stops its chain node and workers and removes its temporary data dir; without scikit-learn
-it stops before starting anything; a data dir that cannot be created is one error line
+it stops before starting anything; `devnet up` interrupted while starting says so and
+stops what it started; a data dir that cannot be created is one error line
 from `devnet up` and `demo`; scripts/install.sh says
 when there is no C++ compiler before it makes anything, and recreates a venv left without
 pip instead of failing with "No module named pip"."""
@@ -89,6 +90,35 @@ def test_demo_stopped_mid_run_stops_its_processes_and_removes_its_temp_dir(tmp_p
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
         demo.wait(timeout=30)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_devnet_up_interrupted_while_starting_says_so_and_stops_what_started(tmp_path):
+    """Ctrl-C once the chain node runs but before the workers are up: the message comes
+    before the shutdown (it was typer's bare "Aborted!" after it), and nothing is left."""
+    devnet = subprocess.Popen([sys.executable, "-m", "node", "devnet", "up", "--port", "0",
+                               "--workers", "2", "--data-dir", str(tmp_path / "devnet")],
+                              cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children: list[int] = []
+    try:
+        log = tmp_path / "devnet" / "chain.log"
+        for _ in range(600):  # the chain node has started logging: workers come next
+            if log.exists() and log.stat().st_size > 0 or devnet.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        children = _children(devnet.pid)
+        assert children, "no chain node started"
+        devnet.send_signal(signal.SIGINT)
+        output, _ = devnet.communicate(timeout=120)
+        assert "stopping the chain node and workers" in output, output
+        assert "Traceback" not in output, output
+        assert [pid for pid in children + _children(devnet.pid) if _running(pid)] == []
+    finally:
+        for pid in [devnet.pid, *children]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        devnet.wait(timeout=30)
 
 
 @pytest.mark.parametrize("command", [["devnet", "up", "--port", "0"], ["demo"]], ids=" ".join)
