@@ -15,6 +15,8 @@ import numpy as np
 
 from needle.backend_ndarray import NDArray
 
+SPIN_S = 0.05  # how long a wait polls without pausing
+
 
 class Communicator:
     """A group of ranks exchanging numpy buffers over MPI.
@@ -57,18 +59,23 @@ class Communicator:
         self._poll(lambda: self._mpi.Request.Testall(requests), what)
 
     def _poll(self, done, what: str) -> None:
-        """Call `done()` until it is true, pausing at most 0.1 ms between calls (a step's wait
-        must not grow by a millisecond); TimeoutError, naming `what`, after `timeout_s`."""
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        """Call `done()` until it is true; TimeoutError, naming `what`, after `timeout_s`.
+        Busy for the first SPIN_S, as MPI's own Wait (MPICH moves transfers along only inside
+        MPI calls: a sleep between them would slow every step's allreduce), then pausing up
+        to 1 ms between calls, so a rank waiting long for a slow peer does not burn a core."""
+        start = time.monotonic()
+        deadline = None if self.timeout_s is None else start + self.timeout_s
         pause = 1e-5
         while not done():
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 raise TimeoutError(
                     f"rank {self.rank} of {self.size}: {what} did not finish within "
                     f"{self.timeout_s} s; a peer rank has exited, died or is stuck"
                 )
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-4)
+            if now - start > SPIN_S:
+                time.sleep(pause)
+                pause = min(2 * pause, 1e-3)
 
     def broadcast_(self, buf: np.ndarray, root: int = 0) -> None:
         """Overwrite `buf` on every rank with root's copy."""
