@@ -24,9 +24,7 @@ def free_port() -> int:
         ephemeral_low = int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral_low = 0
-    for _ in range(100):
-        if ephemeral_low - 2 <= LOWEST_PICKED_PORT:
-            break
+    for _ in range(100 if ephemeral_low - 2 > LOWEST_PICKED_PORT else 0):
         port = random.randint(LOWEST_PICKED_PORT, ephemeral_low - 2)
         with socket.socket() as s:
             try:

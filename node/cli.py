@@ -60,6 +60,7 @@ Keystore = Annotated[Path | None, typer.Option(
     "--keystore", help="Encrypted key file; default: the public dev account 0 (dev network only).")]
 PasswordFile = Annotated[Path | None, typer.Option(
     "--password-file", help=f"Keystore password file; default: ${keys.PASSWORD_ENV}.")]
+Force = Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")]
 
 
 def _account(keystore: Path | None, password_file: Path | None):
@@ -293,8 +294,7 @@ def submit(
     a_path: Annotated[Path, typer.Argument(metavar="A.npy", help="Left operand.")],
     b_path: Annotated[Path, typer.Argument(metavar="B.npy", help="Right operand.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write C.")],
-    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")
-                     ] = False,
+    force: Force = False,
     rpc_url: RpcUrl = DEFAULT_RPC,
     keystore: Keystore = None,
     password_file: PasswordFile = None,
@@ -366,8 +366,7 @@ def cancel(
 def fetch(
     job_id: Annotated[int, typer.Argument(help="A done job.", min=0)],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write C.")],
-    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")
-                     ] = False,
+    force: Force = False,
     rpc_url: RpcUrl = DEFAULT_RPC,
 ) -> None:
     """Write the result of a done job, e.g. one whose `submit` timed out after a worker
