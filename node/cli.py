@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import signal
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -167,11 +168,14 @@ def _check_writable(path: Path, force: bool) -> None:
 def _save(path: Path, array: np.ndarray) -> None:
     """Write `array` as .npy to exactly `path` (`np.save` given a name would add `.npy`),
     through a temporary file beside it: a failed write leaves no partial file, and an
-    existing `path` as it was."""
+    existing `path` as it was. A replaced file keeps its permission bits, as when
+    overwritten in place."""
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
         with part.open("wb") as f:
             np.save(f, array)
+        if path.exists():
+            os.chmod(part, stat.S_IMODE(path.stat().st_mode))
         os.replace(part, path)
     except OSError as err:
         part.unlink(missing_ok=True)
@@ -415,14 +419,16 @@ def jobs(
 
     market = Market(rpc_url, dev_account(0))
     table = Table("job", "status", "batch×m×k×n", "precision", "fee (ETH)", "worker")
-    count = market.job_count()
-    for job_id in range(count - 1, max(-1, count - 1 - limit), -1):
-        job = market.job(job_id)
-        table.add_row(str(job_id), STATUS_NAMES[job.status],
-                      f"{job.batch}×{job.m}×{job.k}×{job.n}", PRECISIONS[job.precision],
-                      f"{job.fee_wei / ETHER:g}", job.worker)
+    try:
+        count = market.job_count()
+        for job_id in range(count - 1, max(-1, count - 1 - limit), -1):
+            job = market.job(job_id)
+            table.add_row(str(job_id), STATUS_NAMES[job.status],
+                          f"{job.batch}×{job.m}×{job.k}×{job.n}", PRECISIONS[job.precision],
+                          f"{job.fee_wei / ETHER:g}", job.worker)
+    finally:
+        market.close()
     console.print(table)
-    market.close()
 
 
 @app.command()
@@ -442,11 +448,14 @@ def balance(
     account = _account(keystore, password_file)
     market = Market(rpc_url, account)
     address = address or account.address
-    stake, withdraw_block, claims = market.worker_info(address)
-    console.print(f"{address}\n  balance {market.balance_of(address) / ETHER:.6f} ETH\n"
+    try:
+        stake, withdraw_block, claims = market.worker_info(address)
+        wei = market.balance_of(address)
+    finally:
+        market.close()
+    console.print(f"{address}\n  balance {wei / ETHER:.6f} ETH\n"
                   f"  stake   {stake / ETHER:.6f} ETH (active claims {claims}"
                   f"{f', withdrawal from block {withdraw_block}' if withdraw_block else ''})")
-    market.close()
 
 
 @keys_app.command("new")

@@ -3,6 +3,7 @@ on 127.0.0.1: numbers a worker cannot run with, an unknown log level, a URL that
 node and an existing output file are refused with one `error:` line (or a usage error)
 before anything is created, spent or overwritten."""
 
+import stat
 import subprocess
 import sys
 from urllib.parse import urlsplit
@@ -145,12 +146,14 @@ def test_fetch_overwrites_an_existing_output_only_when_forced(node, tmp_path):
         market.close()
     out = tmp_path / "c.npy"
     out.write_bytes(b"earlier result")
+    out.chmod(0o640)  # a replaced file keeps its permissions (the default would be 0o644)
     line = _one_error_line(_cli("fetch", job_id, "-o", out, "--rpc-url", node.url))
     assert line == f"error: output {out} exists; pass --force to overwrite it"
     assert out.read_bytes() == b"earlier result"
     forced = _cli("fetch", job_id, "-o", out, "--force", "--rpc-url", node.url)
     assert forced.exit_code == 0, forced.output
     np.testing.assert_allclose(np.load(out), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy"]  # no temporary left
 
 
