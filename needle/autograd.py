@@ -281,6 +281,11 @@ class Tensor(Value):
     def __pow__(self, other) -> Tensor:
         if isinstance(other, Tensor):
             return ops.power(self, other)
+        if isinstance(other, np.ndarray) and other.ndim:
+            # a constant exponent array of self's shape, as numpy arrays are for + and *;
+            # PowerScalar's gradient takes a number (its `scalar == 0` test)
+            exponent = NDArray(other, device=self.device)
+            return ops.power(self, Tensor.make_const(exponent))
         return ops.power_scalar(self, other)
 
     def __neg__(self) -> Tensor:

@@ -39,12 +39,22 @@ class LogSumExp(TensorOp):
         # (a row of -1e9 masks: lse = -1e9 + log(n) rounds to -1e9) that factor is far from 1,
         # so normalise: the gradient of logsumexp sums to 1 over the reduced axes.
         # A slice of all -inf (lse = -inf) gets a zero gradient, not NaN from -inf - -inf and
-        # 0 / 0: the shift is lse kept finite (a constant: softmax does not depend on it).
+        # 0 / 0: the shift is lse kept >= -FLOAT32_MAX (a constant: softmax does not depend
+        # on it).
+        # A slice holding +inf (lse = +inf) gets the limit of softmax: 1/count at its +inf
+        # entries. Capped at FLOAT32_MAX, those entries give exp(z - inf) = 0, not NaN from
+        # inf - inf, so softmax is 0 there and the limit is added; elsewhere the cap changes
+        # nothing and the limit is +0, so those slices keep their gradient bit for bit.
+        # (Gradients are taken under no_grad: z's values are used as constants.)
         shift = node.realize_cached_data().maximum(-FLOAT32_MAX).reshape(kept)
-        e = exp(z - Tensor.make_const(shift.broadcast_to(z.shape)))
+        capped = -(-z.realize_cached_data()).maximum(-FLOAT32_MAX)  # min(z, FLOAT32_MAX)
+        e = exp(Tensor.make_const(capped) - Tensor.make_const(shift.broadcast_to(z.shape)))
         total = summation(e, self.axes)
         total = total + (total == 0.0)  # 0 / 1 where every exp underflowed to 0
         softmax = e / broadcast_to(reshape(total, kept), z.shape)
+        hits = z.realize_cached_data() == float("inf")
+        count = hits.sum(self.axes, keepdims=True).maximum(1.0).broadcast_to(z.shape)
+        softmax = softmax + Tensor.make_const(hits / count)
         return broadcast_to(reshape(out_grad, kept), z.shape) * softmax
 
 

@@ -11,12 +11,13 @@ import numpy as np
 from ..autograd import NDArray, Tensor, TensorOp
 from .ops_logarithmic import FLOAT32_MAX
 from .ops_mathematic import MatMul
+from .ops_shape import _broadcast_grad
 
 _MATMUL = MatMul()
 
 
 class Linear(TensorOp):
-    """x (batch, in) @ w (in, out) [+ b (1, out)] as one graph node.
+    """x (batch, in) @ w (in, out) [+ b (out,) or (1, out)] as one graph node.
 
     Backward is dx = g w^T, dw = x^T g, db = sum_rows(g), with dx skipped when x needs none.
     """
@@ -33,8 +34,8 @@ class Linear(TensorOp):
             if x.requires_grad else None,
             Tensor.make_const(_MATMUL.compute(x.realize_cached_data().permute((1, 0)), g)),
         ]
-        if len(node.inputs) == 3:
-            grads.append(Tensor.make_const(g.sum(axis=0, keepdims=True)))
+        if len(node.inputs) == 3:  # summed over the axes b was broadcast along: b's own shape
+            grads.append(_broadcast_grad(Tensor.make_const(g), node.inputs[2].shape))
         return tuple(grads)
 
 

@@ -165,6 +165,11 @@ class ScatterIntoZeros(TensorOp):
 
     def compute(self, a: NDArray) -> NDArray:
         out = a.device.zeros(self.shape)
+        # setitem broadcasts: a smaller value would be silently repeated over the slice
+        target = out[self.idxs].shape
+        if a.shape != target:
+            raise ValueError(f"scatter_into_zeros: value of shape {a.shape} does not match "
+                             f"the slice's shape {target} (of {self.shape} at {self.idxs})")
         out[self.idxs] = a
         return out
 
