@@ -226,6 +226,25 @@ def test_batchnorm_running_statistics_follow_the_course_convention(device):
     np.testing.assert_allclose(bn.running_var.numpy(), var, rtol=1e-5)  # eval leaves them
 
 
+@pytest.mark.parametrize("make, shape", [(nn.BatchNorm1d, (1, 3)), (nn.BatchNorm2d, (1, 3, 1, 1))])
+def test_batchnorm_refuses_one_value_per_channel_when_training(make, shape, device):
+    """One value per channel has variance 0: the output was the bias alone and the running
+    variance decayed towards 0 (eval mode then divided by ~sqrt(eps)). PyTorch refuses it too;
+    eval mode takes any batch, and 2 values per channel train."""
+    bn = make(3, device=device)
+    with pytest.raises(ValueError, match=r"more than 1 value per channel.*\(1, 3"):
+        bn(tensor(np.ones(shape), device))
+    np.testing.assert_array_equal(bn.running_var.numpy(), np.ones(3))  # left as they were
+    two = (2, *shape[1:])
+    x = np.arange(np.prod(two), dtype=np.float64).reshape(two)
+    axes = (0,) if len(two) == 2 else (0, 2, 3)
+    out = bn(tensor(x, device)).numpy()
+    expected = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    bn.eval()
+    assert bn(tensor(np.ones(shape), device)).shape == shape
+
+
 def test_dropout_gradient_is_the_scaled_mask(device):
     x = np.full((50, 40), 2.0)
     X = tensor(x, device)

@@ -1,4 +1,5 @@
 """Module, Parameter and the basic layers (CMU needle's `needle.nn`)."""
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -267,6 +268,10 @@ class BatchNorm1d(Module):
             running = (self.running_mean.realize_cached_data(),
                        self.running_var.realize_cached_data())
             return BatchNorm(self.eps, running)(x, self.weight, self.bias)
+        if math.prod(x.shape) <= self.dim:  # one value per channel: its variance is 0, and
+            # the running variance would decay towards 0, blowing up eval mode
+            raise ValueError(f"{type(self).__name__} needs more than 1 value per channel when "
+                             f"training, got input of shape {tuple(x.shape)}")
         op = BatchNorm(self.eps)
         out = op(x, self.weight, self.bias)
         m = self.momentum
