@@ -288,6 +288,15 @@ class Tensor(Value):
             return ops.power(self, Tensor.make_const(exponent))
         return ops.power_scalar(self, other)
 
+    def __rpow__(self, other) -> Tensor:
+        """number ** t, or an array of t's shape ** t: the base is a constant, as other
+        operands are for - and /."""
+        base = np.asarray(other, dtype=np.float32)
+        if base.ndim and base.shape != tuple(self.shape):
+            raise ValueError(f"power: shapes {base.shape} and {tuple(self.shape)} differ")
+        base = np.ascontiguousarray(np.broadcast_to(base, self.shape))
+        return ops.power(Tensor.make_const(NDArray(base, device=self.device)), self)
+
     def __neg__(self) -> Tensor:
         return ops.negate(self)
 

@@ -127,3 +127,19 @@ def test_linear_bias_gradient_has_the_bias_shape(device, bias_shape):
         expected = numeric_grad(lambda a, c, d: np.sum((a @ c + d) * weights),
                                 [x_np, w_np, b_np], i)
         np.testing.assert_allclose(leaf.grad.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_number_or_array_to_the_power_of_a_tensor(device):
+    # Tensor had no __rpow__: 2.0 ** t raised "unsupported operand type(s) for ** or pow()"
+    t_np = np.array([[-1.5, 0.0, 0.5], [1.0, 2.25, 3.0]])
+    base_np = np.array([[2.0, 3.0, 0.5], [1.5, 4.0, 1.0]])
+    weights = np.array([[1.0, -2.0, 0.5], [3.0, 1.0, -1.0]])
+    for base in (2.0, np.float64(0.75), base_np):
+        t = tensor(t_np, device)
+        y = base ** t
+        np.testing.assert_allclose(y.numpy(), np.power(base, t_np), rtol=1e-6)
+        (y * tensor(weights, device, False)).sum().backward()
+        expected = numeric_grad(lambda a, b=base: np.sum(np.power(b, a) * weights), [t_np], 0)
+        np.testing.assert_allclose(t.grad.numpy(), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="shapes"):
+        np.ones(3) ** tensor(t_np, device)
