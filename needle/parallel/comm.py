@@ -7,6 +7,7 @@ about autograd.
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import time
 from typing import Any
@@ -22,9 +23,10 @@ class Communicator:
     """A group of ranks exchanging numpy buffers over MPI.
 
     Works unchanged in a plain `python` process (a singleton world of size 1),
-    so code written for `mpiexec -n N` runs without the launcher too. Waits for the
-    gradient allreduce and for pipeline messages give up with a TimeoutError after
-    `timeout_s` (None: never), so a peer that exited or is stuck cannot hold this rank forever.
+    so code written for `mpiexec -n N` runs without the launcher too. Every wait (the
+    gradient allreduce, broadcasts, object collectives, the barrier, pipeline messages)
+    gives up with a TimeoutError after `timeout_s` (None: never), so a peer that exited
+    or is stuck cannot hold this rank forever.
     """
 
     def __init__(self, mpi_comm: Any = None, timeout_s: float | None = 1800.0):
@@ -85,8 +87,9 @@ class Communicator:
     def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None:
         """Send an array of any shape and dtype; the receiver learns both from a header."""
         array = np.ascontiguousarray(array)
-        self.comm.send((array.shape, array.dtype.str), dest=dest, tag=tag)
-        self.wait_all([self.comm.Isend(array, dest=dest, tag=tag)], f"a message to rank {dest}")
+        header = self.comm.isend((array.shape, array.dtype.str), dest=dest, tag=tag)
+        data = self.comm.Isend(array, dest=dest, tag=tag)
+        self.wait_all([header, data], f"a message to rank {dest}")
 
     def recv(self, source: int, tag: int = 0) -> np.ndarray:
         """Receive what `send` sent, waiting at most `timeout_s` for it to arrive."""
@@ -99,10 +102,31 @@ class Communicator:
         return array
 
     def allgather_objects(self, obj: Any) -> list:
-        return self.comm.allgather(obj)
+        """Every rank's picklable `obj`, in rank order (unpickled copies, as mpi4py's allgather
+        gives). Non-blocking MPI under `timeout_s`: the pickles' sizes, then their bytes."""
+        payload = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+        sizes = np.empty(self.size, dtype=np.int64)
+        request = self.comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes)
+        self.wait_all([request], "the object allgather (sizes)")
+        counts = [int(n) for n in sizes]
+        offsets = [sum(counts[:k]) for k in range(self.size)]
+        gathered = bytearray(sum(counts))
+        request = self.comm.Iallgatherv(
+            [payload, self._mpi.BYTE], [gathered, (counts, offsets), self._mpi.BYTE]
+        )
+        self.wait_all([request], "the object allgather")
+        return [pickle.loads(gathered[o : o + n]) for o, n in zip(offsets, counts, strict=True)]
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self.comm.bcast(obj, root=root)
+        """Root's picklable `obj` on every rank (an unpickled copy on root too, as mpi4py's
+        bcast gives). Non-blocking MPI under `timeout_s`: the pickle's size, then its bytes."""
+        payload = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if self.rank == root else b""
+        size = np.array([len(payload)], dtype=np.int64)
+        what = f"the object broadcast from rank {root}"
+        self.wait_all([self.comm.Ibcast(size, root=root)], what + " (size)")
+        data = bytearray(payload) if self.rank == root else bytearray(int(size[0]))
+        self.wait_all([self.comm.Ibcast([data, self._mpi.BYTE], root=root)], what)
+        return pickle.loads(data)
 
     # Gradient buckets live in host memory: packing copies each gradient out of its device.
     def zeros(self, n: int) -> np.ndarray:
@@ -114,11 +138,20 @@ class Communicator:
     def unpack(self, view: np.ndarray, shape: tuple[int, ...], device) -> NDArray:
         return NDArray(view.reshape(shape), device=device)
 
+    def write(self, view: np.ndarray, values: np.ndarray) -> None:
+        """Copy host float32 values into a slice of a bucket."""
+        view[...] = values
+
+    def read(self, view: np.ndarray) -> np.ndarray:
+        """A slice of a bucket in host memory (here it already is)."""
+        return view
+
     def all_finite(self, bufs: list[np.ndarray]) -> bool:
         return all(np.isfinite(buf).all() for buf in bufs)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        """Wait until every rank got here, at most `timeout_s`."""
+        self.wait_all([self.comm.Ibarrier()], "the barrier")
 
 
 class NcclCommunicator:
@@ -163,6 +196,12 @@ class NcclCommunicator:
     def allgather_objects(self, obj: Any) -> list:
         return self.host.allgather_objects(obj)
 
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.host.broadcast_object(obj, root)
+
+    def barrier(self) -> None:
+        self.host.barrier()
+
     def iallreduce_sum_(self, buf: Any) -> Any:
         """Enqueue an in-place sum of a float32 CuPy array on NCCL's stream, after the kernels
         already enqueued on the default stream; `.Wait()` orders later default-stream kernels
@@ -196,6 +235,15 @@ class NcclCommunicator:
         out = NDArray.make(tuple(shape), device=device)
         self._view(out)[...] = view.reshape(shape)
         return out
+
+    def write(self, view: Any, values: np.ndarray) -> None:
+        """An asynchronous host-to-device copy on the default stream, so ordered before the
+        allreduce like the packing; the host does not wait (the source is staged at once)."""
+        view.set(values, stream=self.cupy.cuda.Stream.null)
+
+    def read(self, view: Any) -> np.ndarray:
+        """One blocking device-to-host copy: waits for the allreduce (see `wait_all`)."""
+        return self.cupy.asnumpy(view)
 
     def all_finite(self, bufs: list) -> bool:
         """One read-back from the device for all buffers."""

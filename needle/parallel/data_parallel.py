@@ -9,8 +9,9 @@
     opt.step()                                      # identical update on every rank
 
 `local_fraction` weights each rank's shard-mean gradient by its share of the batch; the
-default, 1/N, is right only when N divides the batch. Run under `mpiexec -n N python
-train.py` (or `python -m needle.parallel.launch`).
+default, 1/N, is right only when N divides the batch, and the fractions must sum to 1 over
+the ranks. A parameter that no rank used in a step keeps `grad` None, as in one process.
+Run under `mpiexec -n N python train.py` (or `python -m needle.parallel.launch`).
 """
 from __future__ import annotations
 
@@ -35,13 +36,16 @@ class Bucket:
 
 
 _NORM_STATS = ("running_mean", "running_var")
+# how far the ranks' local_fraction may sum from 1, on top of the float32 rounding of that sum
+# (at most size * 2**-24, which grows with the number of ranks)
+_FRACTION_TOLERANCE = 1e-5
 
 
 @dataclass
 class _Sync:
     """One step's synchronisation in flight: how far each bucket is packed, what was started."""
 
-    scale: float
+    scale: float  # this rank's local_fraction
     unpacked: list[int]  # per bucket, gradients not yet packed
     launched: int = 0  # buckets 0..launched-1 have their allreduce started
     packed: set[int] = field(default_factory=set)  # ids of parameters packed this step
@@ -104,11 +108,15 @@ class DataParallel(Module):
         self._check_same_architecture(params)
         # rounded up: a tiny positive size (one bucket per parameter) must not become 0 bytes
         self._buckets = plan_buckets(params, math.ceil(bucket_mb * 2**20))
-        self._buffers = [self.comm.zeros(bucket.size) for bucket in self._buckets]
+        # A bucket's buffer: its gradients, then a tail summed by the same allreduce: per
+        # parameter 1 if this rank had a gradient for it (the sum counts the ranks that had
+        # one), then this rank's local_fraction (the sum must be 1; bucket 0's is checked).
+        self._buffers = [self.comm.zeros(b.size + len(b.params) + 1) for b in self._buckets]
+        self._tails = [np.zeros(len(b.params) + 1, np.float32) for b in self._buckets]
         self._place = {
-            id(param): (k, offset)
+            id(param): (k, j, offset)
             for k, bucket in enumerate(self._buckets)
-            for param, offset in zip(bucket.params, bucket.offsets, strict=True)
+            for j, (param, offset) in enumerate(zip(bucket.params, bucket.offsets, strict=True))
         }
         # the wrapped module itself may be the BatchNorm: children() leaves it out
         self._norms = [m for m in (module, *module.children()) if isinstance(m, BatchNorm1d)]
@@ -155,7 +163,7 @@ class DataParallel(Module):
     def backward(self, loss: ndl.Tensor, local_fraction: float | None = None) -> None:
         """`loss.backward()`, then the gradient allreduce (overlapped with backward if `overlap`);
         `loss` is the mean over the local shard. Returns with every gradient (and BatchNorm
-        statistic) synchronised."""
+        statistic) synchronised; a parameter that no rank used keeps `grad` None."""
         self._start(local_fraction)
         try:
             loss.backward()
@@ -168,7 +176,9 @@ class DataParallel(Module):
 
         Each rank's gradient is of the mean loss over its shard; weighting it by the
         shard's share of the batch (1/size for equal shards) and summing over ranks
-        gives the gradient of the mean loss over the whole batch. BatchNorm running
+        gives the gradient of the mean loss over the whole batch; the weights must sum
+        to 1 (ValueError on every rank otherwise). A rank without a gradient for a
+        parameter adds zeros; if no rank had one, `grad` stays None. BatchNorm running
         statistics are averaged with the same weights.
         """
         self._start(local_fraction)
@@ -178,11 +188,14 @@ class DataParallel(Module):
             self._sync = None
 
     def _start(self, local_fraction: float | None) -> None:
-        """Begin a step's synchronisation; BatchNorm statistics (final since forward) go first."""
+        """Begin a step's synchronisation; BatchNorm statistics (final since forward) go first.
+
+        A bad `local_fraction` is not refused here but after the allreduce, from the summed
+        fractions, so that every rank raises and none is left waiting in the collective."""
         scale = 1.0 / self.comm.size if local_fraction is None else float(local_fraction)
-        if not 0.0 <= scale <= 1.0:
-            raise ValueError(f"local_fraction must lie in [0, 1], got {local_fraction}")
         self._sync = _Sync(scale, [len(b.params) for b in self._buckets])
+        for tail in self._tails:  # NaN for a value out of range: the sum then tells every rank
+            tail[-1] = scale if 0.0 <= scale <= 1.0 else np.nan
         if self._norms:
             for name, norm, view in self._stat_views():
                 self.comm.pack(getattr(norm, name).realize_cached_data(), view, scale)
@@ -193,41 +206,88 @@ class DataParallel(Module):
         sync = self._sync
         if sync is None:  # a backward outside DataParallel.backward
             return
-        k, offset = self._place[id(param)]
-        self._pack(param, self._buffers[k][offset : offset + _numel(param)])
-        sync.unpacked[k] -= 1
+        self._pack(param)
+        sync.unpacked[self._place[id(param)][0]] -= 1
         while sync.launched < len(self._buckets) and sync.unpacked[sync.launched] == 0:
-            sync.requests.append(self.comm.iallreduce_sum_(self._buffers[sync.launched]))
-            sync.launched += 1
+            self._launch(sync.launched)
         self.comm.progress(sync.requests)
 
-    def _pack(self, param: Parameter, view) -> None:
-        if param.grad is None:  # unused this step: contributes nothing
+    def _pack(self, param: Parameter) -> None:
+        k, j, offset = self._place[id(param)]
+        view = self._buffers[k][offset : offset + _numel(param)]
+        if param.grad is None:  # unused on this rank this step: contributes zeros
             view[...] = 0
         else:
             self.comm.pack(param.grad.realize_cached_data(), view, self._sync.scale)
+        self._tails[k][j] = param.grad is not None
         self._sync.packed.add(id(param))
 
+    def _launch(self, k: int) -> None:
+        """Start bucket k's allreduce, its tail (counts and fraction) copied in behind the
+        gradients; buckets must start in order, the same on every rank."""
+        bucket, buffer = self._buckets[k], self._buffers[k]
+        self.comm.write(buffer[bucket.size :], self._tails[k])
+        self._sync.requests.append(self.comm.iallreduce_sum_(buffer))
+        self._sync.launched += 1
+
     def _finish(self) -> None:
-        """Start the buckets backward did not fill (in order), wait for all, unpack."""
+        """Start the buckets backward did not fill (in order), wait for all, check the summed
+        fractions, unpack; a parameter that no rank had a gradient for keeps `grad` None."""
         sync = self._sync
         for k in range(sync.launched, len(self._buckets)):
-            bucket, buffer = self._buckets[k], self._buffers[k]
-            for param, offset in zip(bucket.params, bucket.offsets, strict=True):
+            for param in self._buckets[k].params:
                 if id(param) not in sync.packed:
-                    self._pack(param, buffer[offset : offset + _numel(param)])
-            sync.requests.append(self.comm.iallreduce_sum_(buffer))
+                    self._pack(param)
+            self._launch(k)
         self.comm.wait_all(sync.requests)
+        counts = self._reduced_counts()
         for name, norm, view in self._stat_views():
             stat = self.comm.unpack(view, (norm.dim,), norm.weight.device)
             setattr(norm, name, ndl.Tensor(stat, requires_grad=False))
         if self.check_finite:
             self._refuse_non_finite()
-        for bucket, buffer in zip(self._buckets, self._buffers, strict=True):
-            for param, offset in zip(bucket.params, bucket.offsets, strict=True):
+        for k, (bucket, buffer) in enumerate(zip(self._buckets, self._buffers, strict=True)):
+            for j, (param, offset) in enumerate(zip(bucket.params, bucket.offsets, strict=True)):
+                if counts[k][j] == 0:  # no rank used it: optimisers skip it, as in one process
+                    param.grad = None
+                    continue
                 view = buffer[offset : offset + _numel(param)]
                 grad = self.comm.unpack(view, param.shape, param.device)
                 param.grad = ndl.Tensor(grad, requires_grad=False)
+
+    def _reduced_counts(self) -> list[np.ndarray]:
+        """Per bucket, how many ranks had a gradient for each parameter; refuses fractions
+        that do not sum to 1 first. A GPU buffer is read back (waiting for its allreduce) only
+        where needed: bucket 0 for the fraction, and buckets where this rank lacked a gradient
+        (elsewhere every count is at least this rank's own 1)."""
+        counts = [
+            self.comm.read(buffer[bucket.size :]) if k == 0 or not tail[:-1].all() else tail
+            for k, (bucket, buffer, tail) in enumerate(
+                zip(self._buckets, self._buffers, self._tails, strict=True)
+            )
+        ]
+        if counts:
+            self._check_fractions(float(counts[0][-1]))
+        return counts
+
+    def _check_fractions(self, total: float) -> None:
+        """Refuse fractions outside [0, 1] or not summing to 1 (they would rescale the gradient
+        silently). Every rank holds the same sum, so every rank raises, before anything
+        (gradients, BatchNorm statistics) is replaced."""
+        fraction, size = self._sync.scale, self.comm.size
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"local_fraction must lie in [0, 1], got {fraction}")
+        if math.isnan(total):  # what a rank whose fraction is out of range adds
+            raise ValueError(
+                f"local_fraction lies outside [0, 1] on another of the {size} ranks; "
+                "no gradient was synchronised"
+            )
+        if not abs(total - 1.0) <= _FRACTION_TOLERANCE + size * 2.0**-24:
+            raise ValueError(
+                f"local_fraction summed over the {size} ranks is {total:.7g}, not 1; pass each "
+                "rank its share of the global batch (model.local_fraction(batch size)); "
+                "no gradient was synchronised"
+            )
 
     def _stat_views(self):
         """(attribute, BatchNorm module, its slice of the statistics buffer) for each statistic."""
