@@ -140,6 +140,16 @@ def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
     return metrics
 
 
+def token_rows(tokens: list[int], batch_size: int, path: str) -> np.ndarray:
+    """batchify, refusing now, and naming the file, a split too short for one window (2 rows):
+    it would otherwise fail only after a whole training epoch."""
+    if len(tokens) < 2 * batch_size:
+        raise ValueError(f"{path}: {len(tokens)} tokens (with an <eos> a line); batch size "
+                         f"{batch_size} needs at least {2 * batch_size} for one window of "
+                         "inputs and next tokens")
+    return data.batchify(tokens, batch_size)
+
+
 def load_digits(test_fraction: float = 0.2, seed: int = 0):
     """scikit-learn's bundled 8x8 digits as (N, 1, 8, 8) in [0, 1], split train/test at random
     with a fixed seed."""
@@ -303,8 +313,9 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
         if args.data_dir is None:
             raise SystemExit("--data ptb needs --data-dir with train.txt and test.txt")
         corpus = data.Corpus(args.data_dir, max_lines=args.max_lines)
-        train_rows = data.batchify(corpus.train, args.batch_size)
-        test_rows = data.batchify(corpus.test, args.batch_size)
+        train_rows, test_rows = (
+            token_rows(tokens, args.batch_size, os.path.join(args.data_dir, name))
+            for tokens, name in ((corpus.train, "train.txt"), (corpus.test, "test.txt")))
         model = models.LanguageModel(64, len(corpus.dictionary), 128, num_layers=1,
                                      seq_model=args.model, seq_len=args.bptt, device=device)
 

@@ -42,6 +42,8 @@ class ArrayDataset(Dataset):
 
     def __init__(self, X: np.ndarray, y: np.ndarray | None = None, transforms=None):
         super().__init__(transforms)
+        # lists become arrays: batches index them with an array of positions
+        X, y = (np.asarray(a) if isinstance(a, list | tuple) else a for a in (X, y))
         if y is not None and len(X) != len(y):
             raise ValueError(f"{len(X)} inputs but {len(y)} labels")
         self.X = X

@@ -18,7 +18,10 @@ class RandomCrop:
     (a random crop of the zero-padded image, same size as the input)."""
 
     def __init__(self, padding: int = 3):
-        if padding < 0:  # else an obscure error from numpy at the first image
+        # else an obscure error from numpy at the first image
+        if isinstance(padding, bool) or not isinstance(padding, int | np.integer):
+            raise ValueError(f"RandomCrop padding must be an integer, got {padding!r}")
+        if padding < 0:
             raise ValueError(f"RandomCrop padding must be >= 0, got {padding}")
         self.padding = padding
 
@@ -40,4 +43,12 @@ class Normalize:
             raise ValueError(f"Normalize std must be positive, got {std}")
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
+        shape = np.shape(img)
+        try:  # 3 values would silently make a 1-channel image 3, 2 fail obscurely on 3
+            fits = np.broadcast_shapes(shape, self.mean.shape, self.std.shape) == shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"Normalize: {max(self.mean.size, self.std.size)} channel values "
+                             f"for an image of shape {shape} (channels last)")
         return (img - self.mean) / self.std

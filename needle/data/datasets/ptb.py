@@ -7,6 +7,8 @@ from needle.autograd import Tensor
 
 from ..data_basic import is_positive_int
 
+_FLOAT32_EXACT = 2**24  # every integer up to this is exact in float32, not every one above
+
 
 class Dictionary:
     """Word <-> id, ids given in order of first appearance."""
@@ -39,7 +41,8 @@ class Corpus:
         if max_lines is not None and max_lines < 0:
             raise ValueError(f"max_lines must be None or >= 0, got {max_lines}")
         ids, lines = [], 0
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark (Windows editors) would else join the first word
+        with open(path, encoding="utf-8-sig") as f:
             try:
                 for line in f:
                     if max_lines is not None and lines >= max_lines:
@@ -55,19 +58,22 @@ class Corpus:
 
 
 def batchify(data, batch_size: int, device=None, dtype: str = "float32") -> np.ndarray:
-    """Cut the token stream into batch_size columns: (len(data) // batch_size, batch_size).
-    device and dtype are accepted for the course's signature; get_batch makes the Tensors."""
+    """Cut the token stream into batch_size columns: (len(data) // batch_size, batch_size),
+    ids kept as they are (ints, as in the course: float32 would round ids above 2**24, and
+    float ids cannot index idx2word). device and dtype are accepted for the course's
+    signature; get_batch makes the Tensors."""
     if not is_positive_int(batch_size):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     rows = len(data) // batch_size
     if rows == 0:
         raise ValueError(f"{len(data)} tokens are too few for batch_size {batch_size}")
-    return np.array(data[: rows * batch_size], dtype=np.float32).reshape(batch_size, rows).T
+    return np.array(data[: rows * batch_size]).reshape(batch_size, rows).T
 
 
 def get_batch(batches: np.ndarray, i: int, bptt: int, device=None, dtype="float32"):
     """Inputs rows i..i+L-1 (L, batch) and their next tokens flattened (L * batch,),
-    L = min(bptt, rows - 1 - i)."""
+    L = min(bptt, rows - 1 - i). The Tensors are float32, so integer ids above 2**24 are
+    refused rather than rounded."""
     if bptt < 1:
         raise ValueError(f"bptt must be positive, got {bptt}")
     if i < 0:  # a negative start would slice from the end: inputs and targets misaligned
@@ -75,6 +81,11 @@ def get_batch(batches: np.ndarray, i: int, bptt: int, device=None, dtype="float3
     length = min(bptt, len(batches) - 1 - i)
     if length <= 0:
         raise IndexError(f"batch start {i} leaves no targets in {len(batches)} rows")
+    window = batches[i : i + 1 + length]
+    if np.issubdtype(window.dtype, np.integer) and np.abs(window).max() > _FLOAT32_EXACT:
+        raise ValueError(  # the Tensors are float32: such an id would silently become another
+            f"token id {np.abs(window).max()} is above 2**24 = {_FLOAT32_EXACT}, beyond which "
+            f"float32 (the Tensors' dtype) cannot hold every integer")
     data = batches[i : i + length]
     target = batches[i + 1 : i + 1 + length].reshape(-1)
     return (Tensor(data, device=device, dtype=dtype, requires_grad=False),
