@@ -114,3 +114,26 @@ def test_random_crop_refuses_a_non_integer_padding():
     np.random.set_state(state)
     out = data.RandomCrop(np.int64(2))(img)
     np.testing.assert_array_equal(out, np.pad(img, 2)[2 + dx: 6 + dx, 2 + dy: 6 + dy])
+
+
+def test_ndarray_dataset_as_in_the_course():
+    # CMU hw2's NDArrayDataset(*arrays) was missing: course code failed with AttributeError
+    rng = np.random.default_rng(0)
+    X, y, w = rng.standard_normal((7, 3)), np.arange(7), rng.standard_normal(7)
+    ds = data.NDArrayDataset(X, y, w)
+    assert len(ds) == 7
+    x3, y3, w3 = ds[3]
+    np.testing.assert_array_equal(x3, X[3])
+    assert (y3, w3) == (y[3], w[3])
+    batches = list(data.DataLoader(ds, batch_size=3, shuffle=True, seed=1))
+    assert [b[0].shape for b in batches] == [(3, 3), (3, 3), (1, 3)]
+    seen = np.concatenate([b[1].numpy() for b in batches]).astype(int)
+    assert sorted(seen) == list(range(7))  # each example once
+    for xb, yb, wb in batches:  # fields stay aligned through the shuffle
+        idx = yb.numpy().astype(int)
+        np.testing.assert_allclose(xb.numpy(), X[idx].astype(np.float32))
+        np.testing.assert_allclose(wb.numpy(), w[idx].astype(np.float32))
+    with pytest.raises(ValueError, match="differ in length"):
+        data.NDArrayDataset(X, y[:5])
+    with pytest.raises(ValueError, match="at least one"):
+        data.NDArrayDataset()

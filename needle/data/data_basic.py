@@ -62,6 +62,28 @@ class ArrayDataset(Dataset):
         return (self.X[indices],) if self.y is None else (self.X[indices], self.y[indices])
 
 
+class NDArrayDataset(Dataset):
+    """The CMU course's dataset of parallel arrays: example i is (a[i] for a in arrays)."""
+
+    def __init__(self, *arrays: np.ndarray):
+        super().__init__()
+        if not arrays:
+            raise ValueError("NDArrayDataset needs at least one array")
+        self.arrays = tuple(np.asarray(a) for a in arrays)
+        lengths = [len(a) for a in self.arrays]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"NDArrayDataset arrays differ in length: {lengths}")
+
+    def __getitem__(self, index):
+        return tuple(a[index] for a in self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(a[indices] for a in self.arrays)
+
+
 class DataLoader:
     """Batches of a dataset as tuples of Tensors (one per field of an example).
 
