@@ -153,7 +153,8 @@ class Network:
     `key` is a private key (hex or bytes) or an eth-account LocalAccount; by default the
     first development account of the local dev network. `fee_wei` is paid per job,
     `timeout` (seconds) bounds each wait, and `local_check` re-runs Freivalds' check on
-    the client as well as trusting the chain's verdict.
+    the client as well as trusting the chain's verdict. With no chain node at `rpc_url` it
+    raises a ConnectionError that says how to start one.
     """
 
     def __init__(
@@ -167,11 +168,21 @@ class Network:
         progress: bool = False,
     ) -> None:
         from node.client import JobClient
+        from node.market import is_transient
 
-        self.client = JobClient(
-            rpc_url, key, fee_wei=fee_wei, timeout=timeout, local_check=local_check,
-            progress=progress,
-        )
+        try:
+            self.client = JobClient(
+                rpc_url, key, fee_wei=fee_wei, timeout=timeout, local_check=local_check,
+                progress=progress,
+            )
+        except Exception as err:
+            if not is_transient(err):
+                raise
+            # a bare "Connection refused" names neither the URL nor what to do about it
+            raise ConnectionError(
+                f"cannot reach a needle-net chain node at {rpc_url} ({type(err).__name__}: "
+                f"{err}): start one with `needle-net devnet up --workers 1`, or pass the URL "
+                "of a running one as Network(rpc_url)") from err
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """A @ B (2-D, or 3-D batched) as one network job; returns the verified C."""

@@ -11,6 +11,7 @@ Every failure is a RemoteJobError that names the stage it happened in.
 
 from __future__ import annotations
 
+import numbers
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ FINALIZE_PATIENCE_BLOCKS = 4  # the worker finalises itself; step in only if it 
 EXACT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
 PRECISION_CODES = {"exact": 0, "fp32": 1, "tf32": 2, "bf16": 3}
 MIB = 1 << 20
+MAX_BATCH_JOBS = 256  # ComputeMarket.MAX_BATCH_JOBS: the jobs one submitJobs opens
+MAX_TIMEOUT_BLOCKS = 100_000  # ComputeMarket.MAX_TIMEOUT_BLOCKS
 
 
 class RemoteJobError(RuntimeError):
@@ -106,6 +109,26 @@ def _check_exact_range(a: np.ndarray, b: np.ndarray) -> None:
                          f"(2^61 - 1) / 2, the bound the verifier needs")
 
 
+def _checked_fee(fee_wei, timeout: float, timeout_blocks: int) -> int:
+    """The fee as an int of wei, once the job settings are checked, before anything is
+    connected or paid: a float fee (1e15, as people write it) used to fail only at signing,
+    as "ABI Not Found", a NaN timeout never passed, and a claim deadline the contract refuses
+    reverted the submission on chain, for gas."""
+    if isinstance(fee_wei, float) and fee_wei.is_integer():
+        fee_wei = int(fee_wei)
+    if not isinstance(fee_wei, numbers.Integral) or isinstance(fee_wei, bool) or fee_wei < 0:
+        raise ValueError(f"fee_wei must be a whole number of wei, 0 or more (10**15 wei is "
+                         f"0.001 ETH), got {fee_wei!r}")
+    if not timeout > 0:  # NaN too
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(timeout_blocks, numbers.Integral) or \
+            not 1 <= timeout_blocks <= MAX_TIMEOUT_BLOCKS:
+        raise ValueError(f"timeout_blocks (the blocks a worker has to deliver after claiming) "
+                         f"must be an integer from 1 to {MAX_TIMEOUT_BLOCKS}, got "
+                         f"{timeout_blocks!r}")
+    return int(fee_wei)
+
+
 def _native_byte_order(x):
     """`x` in the machine's byte order (a big-endian .npy file loads as >f4): the checks and
     the blob format take native arrays."""
@@ -153,12 +176,14 @@ class JobClient:
         max_blob_bytes: int | None = None,
         poll_interval: float = 1.0,
     ) -> None:
+        fee_wei = _checked_fee(DEFAULT_FEE_WEI if fee_wei is None else fee_wei, timeout,
+                               timeout_blocks)
         account = default_key() if key is None else key
         if not hasattr(account, "key"):
             account = Account.from_key(account)
         self.market = Market(rpc_url, account, max_blob_bytes)
         self.address = account.address
-        self.fee_wei = DEFAULT_FEE_WEI if fee_wei is None else fee_wei
+        self.fee_wei = fee_wei
         self.timeout = timeout
         self.timeout_blocks = timeout_blocks
         self.local_check = local_check
@@ -182,6 +207,10 @@ class JobClient:
         if not pairs:
             return []
         pairs = [(_native_byte_order(a), _native_byte_order(b)) for a, b in pairs]
+        if len(pairs) > MAX_BATCH_JOBS:  # else uploaded, then reverted on chain for gas
+            raise RemoteJobError("validate", f"{len(pairs)} products in one batch: one "
+                                 f"submitJobs transaction opens at most {MAX_BATCH_JOBS} "
+                                 f"jobs; submit them in batches of up to {MAX_BATCH_JOBS}")
         shapes = []
         for i, (a, b) in enumerate(pairs):
             try:
@@ -389,6 +418,9 @@ class JobClient:
                 raise  # else tried again with the next block
 
     def _fetch(self, p: _Pending) -> np.ndarray:
+        """C of a commit, fetched and checked; RemoteJobError otherwise (kept until the
+        chain's verdict: any other error would end the wait on a C the chain may reject).
+        An exact job's C comes back as int64 whatever integer type its worker uploaded."""
         try:
             c = self.market.get_array(p.c_id)
         except Exception as err:
@@ -397,10 +429,14 @@ class JobClient:
         if c.shape != expected:
             raise RemoteJobError("fetch", f"result has shape {c.shape}, expected {expected}",
                                  p.job_id)
+        exact = p.precision == "exact"
+        if not (np.issubdtype(c.dtype, np.integer) if exact else c.dtype == np.float32):
+            raise RemoteJobError("check", f"result is {c.dtype}, a {p.precision} job's C is "
+                                 f"{'an integer type' if exact else 'float32'}", p.job_id)
         if self.local_check and not _freivalds_ok(p.a, p.b, c, p.precision):
             raise RemoteJobError("check", "the result failed the client's own Freivalds check",
                                  p.job_id)
-        return np.array(c)
+        return np.array(c, dtype=np.int64 if exact else np.float32)
 
 
 def _enter(p: _Pending, stage: str) -> None:
