@@ -65,7 +65,9 @@ def verdict(store: BlobStore, a_id: bytes, b_id: bytes, c_id: bytes, batch: int,
     b = _operand(store, b_id, [(batch, k, n), (k, n)], exact)
     if a is None or b is None:
         return BAD_OPERANDS
-    c = _operand(store, c_id, [(batch, m, n)] + ([(m, n)] if batch == 1 else []), exact)
+    # C has A @ B's own shape: 3-D if either operand is. A batch of 1 must not take the other
+    # spelling, which the verifier refuses, making the worker's error the submitter's
+    c = _operand(store, c_id, [(batch, m, n) if a.ndim == 3 or b.ndim == 3 else (m, n)], exact)
     if c is None:
         return FAIL
     try:

@@ -210,6 +210,22 @@ def test_precompile_missing_or_malformed_blobs_are_verdicts(store):
     assert verdict(store, a_id, b_id, nan_id, 1, 4, 3, 2, 1, 8, seed) == FAIL
 
 
+@pytest.mark.parametrize("a_shape, b_shape, c_shape", [
+    ((4, 3), (3, 2), (1, 4, 2)), ((1, 4, 3), (3, 2), (4, 2)), ((4, 3), (1, 3, 2), (4, 2))])
+def test_precompile_result_in_the_other_spelling_of_a_batch_of_1_is_the_workers_failure(
+        store, a_shape, b_shape, c_shape):
+    """C must have A @ B's shape (3-D if A or B is). The other spelling of a batch of 1 was
+    accepted, then refused by the verifier: BAD_OPERANDS, so a worker could cancel any such
+    job as the submitter's fault, unslashed."""
+    a, b = RNG.standard_normal(a_shape, np.float32), RNG.standard_normal(b_shape, np.float32)
+    product = np.matmul(a, b)
+    a_id, b_id, honest_id, other_id = _store_arrays(store, a, b, product,
+                                                    product.reshape(c_shape))
+    seed = b"\4" * 32
+    assert verdict(store, a_id, b_id, honest_id, 1, 4, 3, 2, 1, 8, seed) == PASS
+    assert verdict(store, a_id, b_id, other_id, 1, 4, 3, 2, 1, 8, seed) == FAIL
+
+
 def test_precompile_gas_is_quadratic_in_size():
     # doubling every dimension quadruples the per-element part of the cost
     base = check_gas(1, 1, 1, 1, 8) - 3 * 9
