@@ -21,6 +21,7 @@ from eth_account import Account
 
 from chain.blobs import encode_header
 from chain.timeline import mark
+from node.compute import may_overflow
 from node.market import (
     PRESIGN_BYTES,
     UPLOAD_THREADS,
@@ -310,7 +311,8 @@ class JobClient:
                     stuck = next(p for p in pending if p.result is None)
                     raise RemoteJobError(
                         stuck.stage, f"timed out after {self.timeout:.0f}s (no worker moved "
-                        f"the job on): {self.abandon(pending)}", stuck.job_id)
+                        f"the job on{_overflow_hint(stuck)}): {self.abandon(pending)}",
+                        stuck.job_id)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"interrupted: {self.abandon(pending)}") from None
         finally:
@@ -437,6 +439,16 @@ class JobClient:
             raise RemoteJobError("check", "the result failed the client's own Freivalds check",
                                  p.job_id)
         return np.array(c, dtype=np.int64 if exact else np.float32)
+
+
+def _overflow_hint(p: _Pending) -> str:
+    """Why an unclaimed float job may have been passed over: workers compute a product that
+    may overflow float32 before claiming it, and skip it if it does (the chain would fail its
+    Inf, slashing them)."""
+    if p.stage != "submitted" or not may_overflow(p.a, p.b, p.precision == "exact"):
+        return ""
+    return ("; its product may overflow float32 (k max|A| max|B| is at least half the largest "
+            "float32), and workers skip a product that does: scale A or B down")
 
 
 def _enter(p: _Pending, stage: str) -> None:

@@ -173,3 +173,21 @@ def test_an_exact_result_comes_back_as_int64_whatever_integer_type_was_committed
         client.close()
     assert c.dtype == np.int64
     np.testing.assert_array_equal(c, expected)
+
+
+def test_a_job_left_unclaimed_says_when_its_product_may_overflow(node):
+    """Workers compute a float product that may overflow float32 before claiming it and skip
+    it if it does (the chain fails an Inf C, slashing the worker), so the client only timed
+    out with "no worker moved the job on". The timeout now says why it may have been passed
+    over, and not for a job that could not overflow."""
+    client = JobClient(node.url, dev_account(12), timeout=2)
+    try:
+        huge = np.full((2, 3), 1e20, np.float32)
+        with pytest.raises(RemoteJobError, match="may overflow float32.*scale A or B down"):
+            client.matmul(huge, huge.T.copy())
+        small = np.ones((2, 3), np.float32)
+        with pytest.raises(RemoteJobError, match=r"no worker moved the job on\)") as raised:
+            client.matmul(small, small.T.copy())
+        assert "overflow" not in str(raised.value)
+    finally:
+        client.close()
