@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib
 import math
+import operator
 import os
 from collections.abc import Iterator, Sequence
 
@@ -85,6 +86,9 @@ class BackendDevice:
     def one_hot(self, n: int, i, dtype: str = "float32") -> NDArray:
         """Rows of the n x n identity picked by the integer labels i."""
         labels = np.asarray(i.numpy() if hasattr(i, "numpy") else i)
+        if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)):
+            bad = labels[labels != np.round(labels)].flat[0]  # NaN too: it is no class
+            raise ValueError(f"one_hot: labels must be whole numbers, got {bad}")
         if labels.size and (labels.min() < 0 or labels.max() >= n):
             raise IndexError(
                 f"one_hot: labels must lie in [0, {n}), got {labels.min()}..{labels.max()}"
@@ -101,12 +105,20 @@ def _star_shape(shape) -> Shape:
 
 
 def _as_shape(shape) -> Shape:
-    if isinstance(shape, int | np.integer):
-        shape = (shape,)
-    shape = tuple(int(s) for s in shape)
+    shape = _int_tuple(shape)
     if min(shape, default=0) < 0:
         raise ValueError(f"negative dimension in shape {shape}")
     return shape
+
+
+def _int_tuple(shape) -> Shape:
+    """An int or a sequence of ints as a tuple; a float (2.5, or 2.0) is refused, not truncated."""
+    if isinstance(shape, int | np.integer):
+        shape = (shape,)
+    try:
+        return tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"shape entries must be integers, got {shape!r}") from None
 
 
 def cpu_numpy() -> BackendDevice:
@@ -357,6 +369,14 @@ class NDArray:
     def numpy(self) -> np.ndarray:
         return self._device.to_numpy(self._handle, self._shape, self._strides, self._offset)
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """np.asarray(a): a copy of the data (without this numpy made an object array of
+        0-d NDArrays, reading a as a sequence)."""
+        if copy is False:
+            raise ValueError("an NDArray cannot be viewed by numpy without a copy")
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
     def to(self, device: BackendDevice) -> NDArray:
         if device == self._device:
             return self
@@ -442,7 +462,7 @@ class NDArray:
 
     def reshape(self, new_shape) -> NDArray:
         """A view when the data is contiguous, otherwise a reshaped compact copy."""
-        new_shape = tuple(int(s) for s in new_shape)
+        new_shape = _int_tuple(new_shape)
         size = self.size
         if -1 in new_shape:
             known = -math.prod(new_shape)
@@ -486,8 +506,11 @@ class NDArray:
     def _view_of(self, idxs) -> NDArray:
         if not isinstance(idxs, tuple):
             idxs = (idxs,)
-        if any(i is Ellipsis for i in idxs):
-            at = idxs.index(Ellipsis)
+        ellipses = sum(i is Ellipsis for i in idxs)
+        if ellipses > 1:
+            raise IndexError(f"an index can only have a single Ellipsis, got {idxs!r}")
+        if ellipses:
+            at = next(k for k, i in enumerate(idxs) if i is Ellipsis)
             fill = self.ndim - (len(idxs) - 1)
             idxs = idxs[:at] + (slice(None),) * fill + idxs[at + 1 :]
         if len(idxs) > self.ndim:
@@ -504,14 +527,19 @@ class NDArray:
                     offset += start * stride
                 shape.append(length)
                 strides.append(stride * step)
-            elif isinstance(idx, int | np.integer):
+            elif isinstance(idx, int | np.integer) and not isinstance(idx, bool):
                 if not -dim <= idx < dim:
                     raise IndexError(
                         f"index {idx} is out of range for axis {axis} of shape {self._shape}"
                     )
                 offset += (int(idx) % dim) * stride
-            else:
-                raise TypeError(f"NDArray index must be int, slice or Ellipsis, got {idx!r}")
+            elif idx is None:
+                raise TypeError("NDArray index None (a new axis) is not supported; use reshape")
+            else:  # a bool too: numpy would add an axis, not pick row 0 or 1
+                raise TypeError(
+                    f"NDArray index must be int, slice or Ellipsis, got {type(idx).__name__} "
+                    f"{idx!r}"
+                )
         return self._view(tuple(shape), tuple(strides), offset)
 
     def __getitem__(self, idxs) -> NDArray:
@@ -519,28 +547,39 @@ class NDArray:
         return self._view_of(idxs)
 
     def __setitem__(self, idxs, other) -> None:
+        """numpy's rules: the value broadcasts to the view (leading size-1 axes of it dropped),
+        and is checked even when the view is empty."""
         view = self._view_of(idxs)
-        if view.size == 0:
-            return
-        self._written()
         other = self._operand(other)
         if isinstance(other, NDArray):
             if other._device is not self._device and other._device != self._device:
                 raise ValueError(f"setitem: value on {other.device}, array on {self.device}")
-            source = other.broadcast_to(view.shape)._compact_read()
+            extra = other.ndim - view.ndim
+            if extra > 0 and all(d == 1 for d in other._shape[:extra]):
+                other = other._view(other._shape[extra:], other._strides[extra:], other._offset)
+            source = other.broadcast_to(view.shape)
+            if view.size == 0:
+                return
+            source = source._compact_read()
             if source._handle is self._handle:  # e.g. a[::-1] = a: read everything first
                 source = source + 0.0
-            self._device.ewise_setitem(
-                source._handle, self._handle, view._shape, view._strides, view._offset
-            )
+            write = functools.partial(self._device.ewise_setitem, source._handle)
         else:
-            self._device.scalar_setitem(
-                view.size, float(other), self._handle, view._shape, view._strides, view._offset
-            )
+            value = float(other)
+            if view.size == 0:
+                return
+            write = functools.partial(self._device.scalar_setitem, view.size, value)
+        try:
+            write(self._handle, view._shape, view._strides, view._offset)
+        finally:  # counted after the read: a copy cached while reading other is stale now
+            self._written()
 
     # ------------------------------------------------------------------ elementwise
     def _operand(self, other):
-        """A numpy array (other than 0-d) as an NDArray on this device; anything else as is."""
+        """A numpy array (other than 0-d) or a list as an NDArray on this device; anything else
+        as is."""
+        if isinstance(other, list):
+            other = np.asarray(other)
         if isinstance(other, np.ndarray) and other.ndim:
             return NDArray(other, device=self._device)
         return other
@@ -569,7 +608,7 @@ class NDArray:
     __radd__ = __add__
 
     def __sub__(self, other) -> NDArray:
-        return self + (-other)
+        return self + (-self._operand(other))
 
     def __rsub__(self, other) -> NDArray:
         return (-self) + other
@@ -583,7 +622,13 @@ class NDArray:
         return self._binary(other, self._device.ewise_div, self._device.scalar_div, "divide")
 
     def __rtruediv__(self, other) -> NDArray:
-        return (self**-1.0) * other
+        """other / self as one division (as (1 / self) * other it rounded twice, unlike numpy)."""
+        other = self._operand(other)
+        if isinstance(other, NDArray):
+            return other / self
+        numerator = _fresh(self._shape, self._device)
+        self._device.fill(numerator._handle, float(other))
+        return numerator / self
 
     def __neg__(self) -> NDArray:
         return self * (-1.0)
@@ -632,6 +677,9 @@ class NDArray:
     # ------------------------------------------------------------------ matmul
     def __matmul__(self, other: NDArray) -> NDArray:
         """Matrix product; leading (batch) axes broadcast like numpy.matmul."""
+        other = self._operand(other)
+        if not isinstance(other, NDArray):
+            raise TypeError(f"matmul: operand must be an NDArray, got {type(other).__name__}")
         if self.ndim < 2 or other.ndim < 2:
             raise ValueError(f"matmul needs >= 2-D operands, got {self._shape} @ {other._shape}")
         if other._device is not self._device and other._device != self._device:
@@ -719,7 +767,7 @@ class NDArray:
                 offset += (self._shape[ax] - 1) * strides[ax]
             strides[ax] = -strides[ax]
         view = self._view(self._shape, tuple(strides), offset)
-        return view.compact() if view.size else view
+        return view._copy()  # a copy even for no axes: never this array's buffer
 
     def pad(self, axes: Sequence[tuple[int, int]]) -> NDArray:
         """A zero-padded copy; axes[i] = (before, after) for axis i."""

@@ -33,8 +33,12 @@ class Array:
 def _strided(a: Array, shape, strides, offset: int) -> np.ndarray:
     """The strided view (shape, strides, offset) of a's buffer, without copying.
 
-    numpy checks that the view stays inside the buffer (ValueError otherwise).
+    numpy checks that the view stays inside the buffer (ValueError otherwise). An empty view
+    touches no element, so its offset may lie anywhere (a[:, 1] of a (2, 0, 3) array is at
+    offset 1 of an empty buffer), as the C++ and CUDA backends accept.
     """
+    if 0 in tuple(shape):
+        return np.empty(tuple(shape), np.float32)
     return np.ndarray(
         tuple(shape),
         np.float32,
@@ -51,7 +55,8 @@ def _check_sizes(out: Array, *inputs: Array) -> None:
 
 
 def fill(out: Array, val: float) -> None:
-    out.array.fill(val)
+    with np.errstate(all="ignore"):  # past float32's range: inf, quietly, as in C++
+        out.array.fill(val)
 
 
 def from_numpy(a: np.ndarray, out: Array) -> None:
@@ -73,7 +78,8 @@ def ewise_setitem(a: Array, out: Array, shape, strides, offset: int) -> None:
 
 
 def scalar_setitem(size: int, val: float, out: Array, shape, strides, offset: int) -> None:
-    _strided(out, shape, strides, offset)[...] = val
+    with np.errstate(all="ignore"):
+        _strided(out, shape, strides, offset)[...] = val
 
 
 def _ewise(fn):
