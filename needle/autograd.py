@@ -276,7 +276,9 @@ class Tensor(Value):
         return ops.divide_scalar(self, other)
 
     def __rtruediv__(self, other) -> Tensor:
-        return ops.mul_scalar(ops.power_scalar(self, -1), other)
+        """number / t, or an array of t's shape / t, as one division (as t ** -1 * number it
+        rounded twice, unlike numpy)."""
+        return ops.divide(self._constant_like(other, "divide"), self)
 
     def __pow__(self, other) -> Tensor:
         if isinstance(other, Tensor):
@@ -291,11 +293,15 @@ class Tensor(Value):
     def __rpow__(self, other) -> Tensor:
         """number ** t, or an array of t's shape ** t: the base is a constant, as other
         operands are for - and /."""
-        base = np.asarray(other, dtype=np.float32)
-        if base.ndim and base.shape != tuple(self.shape):
-            raise ValueError(f"power: shapes {base.shape} and {tuple(self.shape)} differ")
-        base = np.ascontiguousarray(np.broadcast_to(base, self.shape))
-        return ops.power(Tensor.make_const(NDArray(base, device=self.device)), self)
+        return ops.power(self._constant_like(other, "power"), self)
+
+    def _constant_like(self, value, what: str) -> Tensor:
+        """A number, or an array of this tensor's shape, as a constant Tensor of its shape."""
+        array = np.asarray(value, dtype=np.float32)
+        if array.ndim and array.shape != tuple(self.shape):
+            raise ValueError(f"{what}: shapes {array.shape} and {tuple(self.shape)} differ")
+        array = np.ascontiguousarray(np.broadcast_to(array, self.shape))
+        return Tensor.make_const(NDArray(array, device=self.device))
 
     def __neg__(self) -> Tensor:
         return ops.negate(self)

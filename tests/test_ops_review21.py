@@ -143,3 +143,20 @@ def test_a_number_or_array_to_the_power_of_a_tensor(device):
         np.testing.assert_allclose(t.grad.numpy(), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="shapes"):
         np.ones(3) ** tensor(t_np, device)
+
+
+def test_a_number_or_array_divided_by_a_tensor_is_one_division(device):
+    # c / t was t ** -1 * c: rounded twice (3 / 7 gave 0.42857146, numpy 0.42857143) and
+    # overflowed to inf for subnormal t
+    t_np = np.array([[7.0, -3.0, 0.1], [1e-3, 2.5, -11.0]], np.float32)
+    weights = np.array([[1.0, -2.0, 0.5], [3.0, 1.0, -1.0]])
+    for c in (3.0, np.float32(-0.7), np.arange(1, 7, dtype=np.float32).reshape(2, 3)):
+        t = tensor(t_np, device)
+        y = c / t
+        np.testing.assert_array_equal(y.numpy(), np.float32(c) / t_np)
+        (y * tensor(weights, device, False)).sum().backward()
+        expected = numeric_grad(lambda a, c=c: np.sum(np.divide(c, a) * weights),
+                                [t_np.astype(np.float64)], 0)
+        np.testing.assert_allclose(t.grad.numpy(), expected, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="shapes"):
+        np.ones(3) / tensor(t_np, device)
