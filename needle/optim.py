@@ -136,7 +136,14 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam with bias correction; weight decay is added to the gradient (L2)."""
+    """Adam with bias correction; weight decay is added to the gradient (L2).
+
+    Bias correction uses each parameter's own step count (the updates its moments have had,
+    Kingma & Ba's t): a parameter without a gradient in some steps (a branch not taken, a
+    layer unfrozen later) is otherwise corrected for steps its moments never saw, and its
+    updates come out the wrong size. `t` counts step() calls, as in CMU needle; where every
+    parameter gets a gradient every step, the two agree.
+    """
 
     def __init__(self, params, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
@@ -148,6 +155,7 @@ class Adam(Optimizer):
         self._check_settings(vars(self))
         self.m: dict[int, NDArray] = {}
         self.v: dict[int, NDArray] = {}
+        self.steps: dict[int, int] = {}  # per parameter index: updates of its m and v
 
     def _check_settings(self, values: dict) -> None:
         super()._check_settings(values)
@@ -163,23 +171,62 @@ class Adam(Optimizer):
         return {"m": self.m, "v": self.v}
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {**super().state_dict(), "t": np.array(self.t)}
+        """Adds `t` and, for a parameter whose moments had fewer updates than t, `t.<index>`
+        (so a run where every parameter always has a gradient saves what CMU's Adam does)."""
+        counts = {f"t.{i}": np.array(n) for i, n in self.steps.items() if n != self.t}
+        return {**super().state_dict(), "t": np.array(self.t), **counts}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """A parameter's moments without its `t.<index>` count `t` steps (all of them, as in
+        states saved before per-parameter counts). Moments without a step count, m without v,
+        or a count outside [1, t] are refused before anything changes."""
+        state = dict(state)
+        counts = {key[2:]: np.asarray(state.pop(key)) for key in list(state)
+                  if key.startswith("t.")}
+        has_m = {key[2:] for key in state if key.startswith("m.")}
+        has_v = {key[2:] for key in state if key.startswith("v.")}
+        if has_m != has_v:
+            raise ValueError(
+                f"Adam state has moments m and v for different parameters: m for "
+                f"{sorted(has_m)}, v for {sorted(has_v)}"
+            )
+        if has_m and "t" not in state:  # bias correction would restart from step 1
+            raise ValueError("Adam state has moments but no step count 't'")
+        t = np.asarray(state.get("t", self.t))
+        if t.ndim != 0 or t.dtype.kind not in "iuf":
+            raise ValueError(f"optimizer setting 't' is not a number: {t!r}")
+        t = t.item()
+        orphans = sorted(set(counts) - has_m)
+        if orphans:
+            raise KeyError(f"Adam state has a step count 't.{orphans[0]}' but no moments for it")
+        steps = {}
+        for index in has_m:
+            if not index.isdigit():
+                continue  # the base class refuses the moment's entry, naming it
+            n = counts.get(index, np.asarray(t))
+            key = f"t.{index}" if index in counts else "t"
+            if n.ndim != 0 or n.dtype.kind not in "iuf" or not float(n).is_integer() \
+                    or not 1 <= n.item() <= t:
+                raise ValueError(f"Adam state {key!r} must be a whole number of steps for "
+                                 f"parameter {index}, in [1, t = {t}], got {n.tolist()!r}")
+            steps[int(index)] = int(n.item())
+        super().load_state_dict(state)
+        self.steps = steps
 
     def step(self) -> None:
         self.t += 1
         b1, b2 = self.beta1, self.beta2
-        step_size = self.lr / (1 - b1**self.t)
-        v_correction = 1 / (1 - b2**self.t)
         for i, p in enumerate(self.params):
             grad = self._grad(i, p, self.weight_decay)
             if grad is None:
                 continue
+            t = self.steps[i] = self.steps.get(i, 0) + 1
             m, v = self.m.get(i), self.v.get(i)
             m = grad * (1 - b1) if m is None else m * b1 + grad * (1 - b1)
             v = grad * grad * (1 - b2) if v is None else v * b2 + grad * grad * (1 - b2)
             self.m[i], self.v[i] = m, v
-            denom = (v * v_correction) ** 0.5 + self.eps
-            p.cached_data = _array(p) + m * -step_size / denom
+            denom = (v * (1 / (1 - b2**t))) ** 0.5 + self.eps
+            p.cached_data = _array(p) + m * (-self.lr / (1 - b1**t)) / denom
 
 
 class StepLR:
@@ -188,6 +235,7 @@ class StepLR:
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1):
         if step_size < 1:
             raise ValueError(f"step_size must be at least 1, got {step_size}")
+        _require({"gamma": gamma}, "gamma", 0.0)  # a negative one flips lr: gradient ascent
         self.optimizer = optimizer
         self.step_size = step_size
         self.gamma = gamma
@@ -205,6 +253,7 @@ class CosineLR:
     def __init__(self, optimizer: Optimizer, total_steps: int, min_lr: float = 0.0):
         if total_steps < 1:
             raise ValueError(f"total_steps must be at least 1, got {total_steps}")
+        _require({"min_lr": min_lr}, "min_lr", 0.0)  # the lr the optimiser would refuse
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.min_lr = min_lr
