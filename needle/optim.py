@@ -272,6 +272,8 @@ def clip_grad_norm(params, max_norm: float) -> float:
     before clipping."""
     if not max_norm > 0:  # a negative bound would flip every gradient's sign
         raise ValueError(f"max_norm must be positive, got {max_norm}")
+    if isinstance(params, Tensor):  # iterating one would visit row copies without grads: 0
+        params = [params]
     grads = [p for p in params if p.grad is not None]
     total = math.sqrt(sum(float((_array(p.grad) ** 2.0).sum().numpy()) for p in grads))
     if not math.isfinite(total):

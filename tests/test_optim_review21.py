@@ -227,3 +227,12 @@ def test_constant_initialisers_take_a_shape_tuple_like_rand():
     for make in (init.zeros, init.ones, lambda *s: init.constant(*s, c=2.0)):
         assert make((2, 3)).shape == (2, 3) and make(2, 3).shape == (2, 3)
     assert init.rand((2, 3)).shape == (2, 3)
+
+
+def test_clip_grad_norm_takes_a_single_parameter():
+    # a lone Tensor was iterated row by row (copies without grads): norm 0, nothing clipped
+    w = ndl.Tensor(np.zeros((2, 3), np.float32), requires_grad=True)
+    g = np.array([[3.0, 0.0, 4.0], [0.0, 12.0, 0.0]], np.float32)  # norm 13
+    (w * ndl.Tensor(g, requires_grad=False)).sum().backward()
+    assert optim.clip_grad_norm(w, 6.5) == pytest.approx(13.0)
+    np.testing.assert_allclose(w.grad.numpy(), g * 6.5 / (13.0 + 1e-6), rtol=1e-6)
