@@ -42,8 +42,9 @@ MAX_TIMEOUT_BLOCKS = 100_000  # ComputeMarket.MAX_TIMEOUT_BLOCKS
 
 
 class RemoteJobError(RuntimeError):
-    """A remote matmul that failed; `stage` says where (validate, upload, submit, claim,
-    commit, finalize, fetch, check)."""
+    """A remote matmul that failed; `stage` says where: validate, upload, submit, then the
+    stage a job was in when it failed or timed out (submitted, claimed, committed), finalize,
+    fetch, check."""
 
     def __init__(self, stage: str, message: str, job_id: int | None = None) -> None:
         where = f"job {job_id}, " if job_id is not None else ""
