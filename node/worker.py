@@ -176,6 +176,8 @@ class Worker:
         # open jobs seen before a restart but not taken (busy, or a peer's turn): their
         # JobSubmitted lies before the block the scan resumes from; looked up when taken
         self._watch(dict.fromkeys(waiting))
+        # the gauge counts what the books hold, not only what this run earned (/status does)
+        self.metrics.earned.set(sum(j.fee_wei for j in self.jobs if j.stage == "verified"))
         self._saved_block = self._next_block
         self._api_server = None
         self._withdrawing = False
@@ -252,7 +254,7 @@ class Worker:
         return {
             "address": self.address,
             "device": compute.device_name(self.device),
-            "accepting_jobs": not self._stop.is_set(),
+            "accepting_jobs": not self._stop.is_set() and not self._withdrawing,
             "in_flight": sum(s not in FINISHED for s in stages),
             "completed": stages.count("verified"),
             "failed": stages.count("failed"),
@@ -374,11 +376,15 @@ class Worker:
                 f"staking needs {_eth(deposit)} plus up to {_eth(gas)} of gas")
 
     def _ensure_registered(self) -> None:
-        stake = self.chain.stake_of(self.address)
-        if stake < self.config.stake_wei:
+        stake, withdraw_block, _ = self.chain.worker_info(self.address)
+        if stake < self.config.stake_wei:  # registering cancels a pending withdrawal
             self.chain.send("register", value=self.config.stake_wei - stake)
-            stake = self.chain.stake_of(self.address)
+            stake, withdraw_block, _ = self.chain.worker_info(self.address)
             log.info("registered %s with stake %d wei", self.address, stake)
+        if withdraw_block:  # requested before a restart: the chain refuses every claim now
+            log.info("withdrawal of the stake pending (block %d): taking no jobs",
+                     withdraw_block)
+        self._withdrawing = bool(withdraw_block)
         self._stake_wei = stake
         self._min_stake = self.chain.min_stake()
         self.metrics.stake.set(stake)
@@ -603,9 +609,14 @@ class Worker:
 
     def _process_batch(self, records: list[JobRecord], jobs: list[Job]) -> None:
         """Small jobs: compute each, then claim and commit them all in one transaction
-        (jobs another worker took first are skipped) and finalise them in one more."""
+        (jobs another worker took first are skipped) and finalise them in one more. Which
+        jobs are this worker's is read from the chain where a receipt does not say (a send
+        whose answer was lost may have landed), and after a failure once the commit may have
+        gone out: such jobs are finalised and booked, not left unpaid as errors."""
+        since, posted = self._head, False
+        ready: list[tuple[JobRecord, Job]] = []
         try:
-            ready, results = [], []
+            results = []
             # several jobs' transfers overlap on the blob pool; a lone job stays on this thread
             outcomes = map(self._try_compute, jobs) if len(jobs) == 1 else \
                 self._blob_pool.map(self._try_compute, jobs)
@@ -619,6 +630,7 @@ class Worker:
                 return
             mark("worker computed")
             ids = [j.job_id for _, j in ready]
+            posted = True  # from here on, the commit may be on the chain whatever we hear
             commit = self._upload_and_commit(ids, results)
             t0 = time.perf_counter()
             # finalizeJobs right behind it: the node seals a lone transaction at once, so
@@ -633,6 +645,9 @@ class Worker:
             mark("worker receipts")
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
+            # a commit resent after its answer was lost finds the jobs taken by its first send
+            ours |= {j.job_id for _, j in ready
+                     if j.job_id not in ours and self._mine_on_chain(j.job_id, since)}
             batch = {id(r) for r in records}
             with self._lock:  # a job another worker committed first was never ours
                 self.jobs = [r for r in self.jobs if id(r) not in batch
@@ -643,21 +658,63 @@ class Worker:
             self.metrics.jobs.labels("committed").inc(len(committed))
             if committed:
                 self._finalize_all(committed, receipt["blockNumber"], finalized, t0)
-        except TxReverted as err:
-            log.warning("batch commit reverted: %s", err)
-            for record in records:
-                if record.stage not in FINISHED:
-                    self._set_stage(record, "lost", str(err))
         except Exception as err:  # noqa: BLE001 - one bad batch must not kill the node
-            log.exception("batch of %d jobs failed", len(records))
+            if isinstance(err, TxReverted):
+                log.warning("batch commit reverted: %s", err)
+                outcome, detail = "lost", str(err)
+            else:
+                log.exception("batch of %d jobs failed", len(records))
+                outcome, detail = "error", f"{type(err).__name__}: {err}"
+            if posted:
+                self._settle_batch(ready, since)
             for record in records:
-                if record.stage not in FINISHED:
-                    self._set_stage(record, "error", f"{type(err).__name__}: {err}")
+                if record.stage not in FINISHED and self._holds(record):
+                    self._set_stage(record, outcome, detail)
+                    self.metrics.jobs.labels(outcome).inc()
         finally:
             for record in records:
                 self._done(record)
             with self._lock:
                 self._tasks -= 1
+
+    def _holds(self, record: JobRecord) -> bool:
+        """Whether `record` is still among this node's jobs (a job another worker committed
+        first is dropped: it was never ours)."""
+        with self._lock:
+            return any(r is record for r in self.jobs)
+
+    def _committed_by_me(self, job: Job) -> bool:
+        """The chain names this worker as the job's committer (or as its paid worker)."""
+        return job.worker == self.address and job.status in (JOB_COMMITTED, JOB_DONE)
+
+    def _mine_on_chain(self, job_id: int, since: int) -> bool:
+        """Whether this worker committed `job_id` although no receipt it holds says so: the
+        chain names it, or a commit of its own failed after block `since` (the head when the
+        batch began: an earlier attempt's failure, which reopened the job, is not this one)."""
+        job = self._retry(self.chain.job, job_id)
+        if self._committed_by_me(job):
+            return True
+        return job.status == JOB_OPEN and \
+            self._retry(self.chain.verdict, job_id, self.address, since + 1) is not None
+
+    def _settle_batch(self, ready: list[tuple[JobRecord, Job]], since: int) -> None:
+        """After a batch failed once its commit may have been sent: finalise and book the
+        jobs the chain says are this worker's, so none is left unfinalised (its fee never
+        collected) or booked as an error while it was paid."""
+        for record, job in ready:
+            if record.stage in FINISHED or not self._holds(record):
+                continue
+            try:
+                if not self._mine_on_chain(job.job_id, since):
+                    continue
+                if record.stage != "committed":
+                    record.stage = "committed"
+                    self.metrics.jobs.labels("committed").inc()
+                log.info("job %d: committed although the batch failed; finalising",
+                         job.job_id)
+                self._finalize(record, job)
+            except Exception:  # noqa: BLE001 - still unreachable: booked as the batch failed
+                log.exception("job %d: could not settle after the batch failed", job.job_id)
 
     def _upload_and_commit(self, job_ids: list[int], results: list[np.ndarray]):
         """Upload the Cs (batched: one group commit), then send commitJobs; posted for
@@ -778,7 +835,12 @@ class Worker:
         c_id = self._retry(self.chain.put_array, c)
         t3 = time.perf_counter()
         self.metrics.stage_latency.labels("upload").observe(t3 - t2)
-        self._retry(self.chain.send_with_gas, COMMIT_GAS, "commitResult", job.job_id, c_id)
+        try:
+            self._retry(self.chain.send_with_gas, COMMIT_GAS, "commitResult", job.job_id, c_id)
+        except TxReverted:  # the retry of a send whose answer was lost, but which landed?
+            if not self._committed_by_me(self._retry(self.chain.job, job.job_id)):
+                raise
+            log.info("job %d: committed by an earlier send of this commit", job.job_id)
         self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t3)
         self.metrics.jobs.labels("committed").inc()
         self._set_stage(record, "committed")
