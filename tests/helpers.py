@@ -1,6 +1,7 @@
 """Test helpers shared by several test files: float32 tensors and finite differences for the
 framework tests, a node serving blobs for the blob tests, chain clients for the dev accounts,
 a bounded wait, exact-mode references in Python integers."""
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,3 +98,90 @@ def submit_as_declared(market, fee: int, jobs: list[tuple]) -> list[int]:
     market.send("submitJobs", [a for a, _ in ids], [b for _, b in ids], *map(list, dims),
                 [p for _, _, _, p in jobs], [fee] * len(jobs), 50, value=fee * len(jobs))
     return list(range(first, first + len(jobs)))
+
+
+class FlakyProxy:
+    """A real HTTP server on 127.0.0.1 in front of one of the node's servers that relays
+    GETs and POSTs, except that the next `failures` requests are answered 503 (a store
+    restarting) or, with drop, get no answer at all (the connection cut), and the next
+    `lose` requests to a path starting with `lose_path` whose body holds `lose_marker` are
+    relayed but their answer is lost (the connection cut after the node acted on them)."""
+
+    def __init__(self, upstream: str, failures: int = 0, drop: bool = False) -> None:
+        import http.client
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        proxy = self
+        self.failures, self.drop, self.requests, self.failed = failures, drop, 0, 0
+        self.lose, self.lose_path, self.lose_marker, self.lost = 0, "", b"", 0
+        self._lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def relay(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.requests += 1
+                if proxy.failed < proxy.failures:
+                    proxy.failed += 1
+                    if proxy.drop:
+                        self.close_connection = True
+                        return
+                    reply = b"try again later"
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {"Content-Type": self.headers.get("Content-Type", "")}
+                conn.request(method, self.path, body=body or None, headers=headers)
+                response = conn.getresponse()
+                reply = response.read()
+                conn.close()
+                with proxy._lock:
+                    cut = proxy.lost < proxy.lose and self.path.startswith(proxy.lose_path) \
+                        and proxy.lose_marker in body
+                    proxy.lost += cut
+                if cut:
+                    self.close_connection = True
+                    return
+                self.send_response(response.status)
+                self.send_header("Content-Type", response.getheader("Content-Type", ""))
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def do_GET(self):  # noqa: N802 - http.server's names
+                self.relay("GET")
+
+            def do_POST(self):  # noqa: N802
+                self.relay("POST")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}{target.path}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def run_worker(worker) -> threading.Thread:
+    """A node.worker.Worker's loop on a daemon thread, started."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_worker(worker, thread: threading.Thread) -> None:
+    """Stop a worker started by run_worker, within 60 s, and close its chain client."""
+    worker.request_stop()
+    thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
+    worker.chain.close()

@@ -5,13 +5,12 @@ did (it must skip them before any transaction), a worker restarted after a crash
 neither lose a paid job nor leave an open one behind, and a client that must refuse a job
 no verifier can accept before it spends a fee."""
 import json
-import threading
 from dataclasses import asdict
 
 import httpx
 import numpy as np
 import pytest
-from helpers import submit_as_declared, wait_for
+from helpers import FlakyProxy, run_worker, stop_worker, submit_as_declared, wait_for
 
 from chain.devnet import dev_account, dev_accounts
 from node import compute
@@ -28,19 +27,6 @@ K_FLOAT_LIMIT = 1 << 22  # the verifier's float32 bound: k < 2^22
 
 def _claimed(market: Market) -> set[int]:
     return {e["args"]["jobId"] for e in market.contract.events.JobClaimed.get_logs(from_block=0)}
-
-
-def _run(worker: Worker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _stop(worker: Worker, thread: threading.Thread) -> None:
-    worker.request_stop()
-    thread.join(60)
-    assert not thread.is_alive(), "the worker did not stop"
-    worker.chain.close()
 
 
 # -- compute ----------------------------------------------------------------------------------
@@ -120,14 +106,14 @@ def test_worker_computes_what_the_chain_accepts_and_skips_what_it_would_cancel_o
     account = dev_accounts(5)[4]
     worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
                     account)
-    thread = _run(worker)
+    thread = run_worker(worker)
     submitter = Market(node.url, dev_account(1))
     try:
         ids = submit_as_declared(submitter, FEE, [*good, *(job for _, job in bad)])
         wait_for(lambda: {j["job_id"] for j in worker.job_list() if j["stage"] in FINISHED}
                  >= set(ids), 180, "the worker to finish or skip every job")
     finally:
-        _stop(worker, thread)
+        stop_worker(worker, thread)
     records = {j["job_id"]: j for j in worker.job_list()}
 
     for job_id, (x, y, _, _) in zip(ids[:len(good)], good, strict=True):
@@ -196,7 +182,7 @@ def test_a_restarted_worker_keeps_verdicts_reached_before_the_crash_and_retakes_
 
     worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
                     account)
-    thread = _run(worker)
+    thread = run_worker(worker)
     try:
         wait_for(lambda: submitter.job(open_).status == JOB_DONE
                  and submitter.job(slashed).status == JOB_DONE, 120,
@@ -204,7 +190,7 @@ def test_a_restarted_worker_keeps_verdicts_reached_before_the_crash_and_retakes_
         wait_for(lambda: all(j["stage"] in FINISHED for j in worker.job_list()), 60,
                  "the worker to record every job")
     finally:
-        _stop(worker, thread)
+        stop_worker(worker, thread)
     stages = [(j["job_id"], j["stage"]) for j in reversed(worker.job_list())]
     assert stages[:2] == [(paid, "verified"), (slashed, "failed")]
     assert sorted(stages[2:]) == [(slashed, "verified"), (open_, "verified")]
@@ -249,75 +235,6 @@ def test_client_refuses_a_float_job_no_verifier_can_bound_before_spending_a_fee(
     assert validate_operands(ok, ok.T.copy(), 1 << 30) == (1, 1, K_FLOAT_LIMIT - 1, 1)
 
 
-
-class _FlakyProxy:
-    """A real HTTP server on 127.0.0.1 in front of one of the node's servers that relays
-    GETs and POSTs, except that the next `failures` requests are answered 503 (a store
-    restarting) or, with drop, get no answer at all (the connection cut), and the next
-    `lose` requests to a path starting with `lose_path` are relayed but their answer is
-    lost (the connection cut after the node acted on them)."""
-
-    def __init__(self, upstream: str, failures: int = 0, drop: bool = False) -> None:
-        import http.client
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        from urllib.parse import urlsplit
-
-        target = urlsplit(upstream)
-        proxy = self
-        self.failures, self.drop, self.requests, self.failed = failures, drop, 0, 0
-        self.lose, self.lose_path, self.lost = 0, "", 0
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def relay(self, method: str) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                proxy.requests += 1
-                if proxy.failed < proxy.failures:
-                    proxy.failed += 1
-                    if proxy.drop:
-                        self.close_connection = True
-                        return
-                    reply = b"try again later"
-                    self.send_response(503)
-                    self.send_header("Content-Length", str(len(reply)))
-                    self.end_headers()
-                    self.wfile.write(reply)
-                    return
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {"Content-Type": self.headers.get("Content-Type", "")}
-                conn.request(method, self.path, body=body or None, headers=headers)
-                response = conn.getresponse()
-                reply = response.read()
-                conn.close()
-                if proxy.lost < proxy.lose and self.path.startswith(proxy.lose_path):
-                    proxy.lost += 1
-                    self.close_connection = True
-                    return
-                self.send_response(response.status)
-                self.send_header("Content-Type", response.getheader("Content-Type", ""))
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def do_GET(self):  # noqa: N802 - http.server's names
-                self.relay("GET")
-
-            def do_POST(self):  # noqa: N802
-                self.relay("POST")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}{target.path}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.mark.parametrize("failures", [2, 10**6])
 def test_a_verified_result_whose_download_fails_is_fetched_again(node, tmp_path, failures):
     """The client fetches C as soon as it is committed. A failed download used to be final:
@@ -331,9 +248,9 @@ def test_a_verified_result_whose_download_fails_is_fetched_again(node, tmp_path,
     account = dev_accounts(7)[6]
     worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
                     account)
-    thread = _run(worker)
+    thread = run_worker(worker)
     client = JobClient(node.url, dev_account(3), timeout=25, poll_interval=0.2)
-    proxy = _FlakyProxy(client.market.client.info["blob_url"], failures)
+    proxy = FlakyProxy(client.market.client.info["blob_url"], failures)
     try:
         pending = client.submit([(a, b)])
         client.market.blobs = BlobClient(proxy.url, client.market.max_blob_bytes)
@@ -350,7 +267,7 @@ def test_a_verified_result_whose_download_fails_is_fetched_again(node, tmp_path,
     finally:
         proxy.close()
         client.close()
-        _stop(worker, thread)
+        stop_worker(worker, thread)
 
 
 def test_a_claim_whose_earlier_send_landed_is_kept(node, tmp_path):
@@ -393,8 +310,8 @@ def test_the_client_rides_out_a_node_that_drops_its_requests(node, tmp_path):
     account = dev_accounts(11)[10]
     worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
                     account)
-    thread = _run(worker)
-    proxy = _FlakyProxy(node.url)
+    thread = run_worker(worker)
+    proxy = FlakyProxy(node.url)
     client = JobClient(proxy.url, dev_account(3), timeout=60, poll_interval=0.2)
     try:
         pending = client.submit([(a, b)])
@@ -405,7 +322,7 @@ def test_the_client_rides_out_a_node_that_drops_its_requests(node, tmp_path):
     finally:
         client.close()
         proxy.close()
-        _stop(worker, thread)
+        stop_worker(worker, thread)
 
 
 def test_a_job_cancelled_elsewhere_cancels_the_rest_of_its_batch(node):
@@ -438,7 +355,7 @@ def test_a_resent_transaction_whose_answer_was_lost_is_confirmed_once(node):
     caller (a worker then recorded verified, paid jobs as "error"). The same transaction is
     now recognised by its hash and its receipt returned; it ran once."""
     account = dev_accounts(12)[11]
-    proxy = _FlakyProxy(node.url)
+    proxy = FlakyProxy(node.url)
     market = Market(proxy.url, account)
     try:
         signed = market.sign_with_gas(300_000, "register", value=ETHER)
@@ -481,12 +398,12 @@ def test_open_jobs_seen_before_a_restart_are_taken_after_it(node, tmp_path):
     assert saved["waiting"] == [job_id] and saved["next_block"] == next_block
 
     worker = Worker(config, account)
-    thread = _run(worker)
+    thread = run_worker(worker)
     try:
         wait_for(lambda: submitter.job(job_id).status == JOB_DONE, 60,
                  "the restarted worker to do the job it had seen")
     finally:
-        _stop(worker, thread)
+        stop_worker(worker, thread)
     job = submitter.job(job_id)
     assert job.worker == account.address
     np.testing.assert_allclose(submitter.get_array(job.c_id), a.astype(np.float64) @ b,

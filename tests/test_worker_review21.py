@@ -4,14 +4,13 @@ batch commit whose answer was lost although it landed, a commitResult resent aft
 first send landed, a worker restarted while its withdrawal is pending, and the earnings
 gauge after a restart."""
 import json
-import threading
 import time
 from dataclasses import asdict
 
 import httpx
 import numpy as np
 import pytest
-from helpers import submit_as_declared, wait_for
+from helpers import FlakyProxy, run_worker, stop_worker, submit_as_declared, wait_for
 
 from chain.devnet import dev_account, dev_accounts
 from node import compute
@@ -23,75 +22,6 @@ pytestmark = pytest.mark.timeout(120)
 FEE = 10**15
 ETHER = 10**18
 FP32 = 1
-
-
-class _LosingProxy:
-    """A real HTTP server on 127.0.0.1 relaying to the chain node, except that the answers
-    of the next `lose` JSON-RPC requests whose body holds `lose_marker` are lost (the node
-    acted on them; the connection is cut before the reply)."""
-
-    def __init__(self, upstream: str) -> None:
-        import http.client
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        from urllib.parse import urlsplit
-
-        target = urlsplit(upstream)
-        proxy = self
-        self.lose, self.lose_marker, self.lost = 0, b"eth_sendRawTransaction", 0
-        self._lock = threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def relay(self, method: str) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {"Content-Type": self.headers.get("Content-Type", "")}
-                conn.request(method, self.path, body=body or None, headers=headers)
-                response = conn.getresponse()
-                reply = response.read()
-                conn.close()
-                with proxy._lock:
-                    cut = proxy.lost < proxy.lose and proxy.lose_marker in body
-                    proxy.lost += cut
-                if cut:
-                    self.close_connection = True
-                    return
-                self.send_response(response.status)
-                self.send_header("Content-Type", response.getheader("Content-Type", ""))
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def do_GET(self):  # noqa: N802 - http.server's names
-                self.relay("GET")
-
-            def do_POST(self):  # noqa: N802
-                self.relay("POST")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _run(worker: Worker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _stop(worker: Worker, thread: threading.Thread) -> None:
-    worker.request_stop()
-    thread.join(60)
-    assert not thread.is_alive(), "the worker did not stop"
-    worker.chain.close()
 
 
 def _cancel_open(market: Market, ids: list[int]) -> None:
@@ -117,13 +47,14 @@ def test_a_batch_commit_that_landed_although_its_answer_was_lost_is_paid_and_boo
     rng = np.random.default_rng(21 + lose)
     a, b = rng.standard_normal((6, 5), np.float32), rng.standard_normal((5, 4), np.float32)
     account = dev_accounts(3 + lose)[2 + lose]
-    proxy = _LosingProxy(node.url)
+    proxy = FlakyProxy(node.url)
+    proxy.lose_marker = b"eth_sendRawTransaction"
     submitter = Market(node.url, dev_account(1))
     Market(node.url, account).send("register", value=ETHER)
     config = WorkerConfig(rpc_url=proxy.url, data_dir=tmp_path, stake_wei=ETHER,
                           api_port=free_port())
     worker = Worker(config, account)
-    thread = _run(worker)
+    thread = run_worker(worker)
     ids: list[int] = []
     try:
         proxy.lose = lose
@@ -134,7 +65,7 @@ def test_a_batch_commit_that_landed_although_its_answer_was_lost_is_paid_and_boo
         status = httpx.get(f"http://127.0.0.1:{config.api_port}/status").json()
         metrics = httpx.get(f"http://127.0.0.1:{config.api_port}/metrics").text
     finally:
-        _stop(worker, thread)
+        stop_worker(worker, thread)
         _cancel_open(submitter, ids)
         proxy.close()
     assert proxy.lost == lose
@@ -192,7 +123,7 @@ def test_a_worker_restarted_during_its_withdrawal_takes_no_jobs(node, tmp_path):
     me.send("requestWithdraw")
     worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER),
                     account)
-    thread = _run(worker)
+    thread = run_worker(worker)
     ids: list[int] = []
     try:
         ids = submit_as_declared(submitter, FEE, [(a, b, (1, 6, 5, 4), FP32)])
@@ -202,7 +133,7 @@ def test_a_worker_restarted_during_its_withdrawal_takes_no_jobs(node, tmp_path):
         assert worker.job_list() == []
         assert worker.status()["accepting_jobs"] is False
     finally:
-        _stop(worker, thread)
+        stop_worker(worker, thread)
         _cancel_open(submitter, ids)
         for market in (submitter, me):
             market.close()
