@@ -301,6 +301,7 @@ class Worker:
             threading.Thread(target=self._refresh_account, name="account", daemon=True).start()
             self._resume()
             head, events = None, None
+            unreachable_since = None  # an outage is logged once, and its end
             while not self._stop.is_set():
                 try:
                     self._poll(self.chain.block_number() if head is None else head, events)
@@ -308,9 +309,17 @@ class Worker:
                     if self._next_turn is not None:
                         wait = min(wait, max(0.0, self._next_turn - time.monotonic()))
                     head, events = self.chain.follow(self._next_block, wait)
+                    if unreachable_since is not None:
+                        log.info("chain node reachable again after %.0f s",
+                                 time.monotonic() - unreachable_since)
+                        unreachable_since = None
                 except Exception as err:  # noqa: BLE001 - the loop must survive a bad poll
                     if not is_transient(err):
                         log.exception("poll failed")
+                    elif unreachable_since is None:
+                        unreachable_since = time.monotonic()
+                        log.warning("chain node unreachable (%s); trying again every second",
+                                    err)
                     self.metrics.chain_errors.inc()
                     head, events = None, None
                     self._stop.wait(1.0)

@@ -4,6 +4,7 @@ batch commit whose answer was lost although it landed, a commitResult resent aft
 first send landed, a worker restarted while its withdrawal is pending, and the earnings
 gauge after a restart."""
 import json
+import logging
 import time
 from dataclasses import asdict
 
@@ -154,3 +155,33 @@ def test_the_earnings_gauge_after_a_restart_agrees_with_the_status(node, tmp_pat
         assert _metric(worker.metrics.render().decode(), "needle_earned_wei") == earned
     finally:
         worker.chain.close()
+
+
+def test_a_chain_node_outage_is_logged_once_and_so_is_its_end(node, tmp_path, caplog):
+    """While the chain node was unreachable the worker's loop retried every second in
+    silence: only needle_chain_errors_total rose. It now says so once, and when it is over."""
+    account = dev_accounts(9)[8]
+    Market(node.url, account).send("register", value=ETHER)
+    proxy = FlakyProxy(node.url, drop=True)
+    config = WorkerConfig(rpc_url=proxy.url, data_dir=tmp_path, stake_wei=ETHER,
+                          api_port=free_port(), poll_interval=0.2)
+    worker = Worker(config, account)
+    caplog.set_level(logging.INFO, logger="needle.worker")
+
+    def said(text: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if text in r.getMessage()]
+
+    thread = run_worker(worker)
+    try:
+        wait_for(lambda: proxy.requests >= 5, 15, "the worker to follow the chain")
+        proxy.failed, proxy.failures = 0, 10**9  # every connection cut from now on
+        wait_for(lambda: said("chain node unreachable"), 15, "the outage to be logged")
+        time.sleep(2.5)  # more failed polls, which must not log again
+        proxy.failures = 0
+        wait_for(lambda: said("chain node reachable again"), 15, "the recovery to be logged")
+    finally:
+        stop_worker(worker, thread)
+        proxy.close()
+    assert len(said("chain node unreachable")) == 1
+    assert said("chain node unreachable")[0].levelno == logging.WARNING
+    assert len(said("chain node reachable again")) == 1
