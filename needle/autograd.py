@@ -286,8 +286,7 @@ class Tensor(Value):
         if isinstance(other, np.ndarray) and other.ndim:
             # a constant exponent array of self's shape, as numpy arrays are for + and *;
             # PowerScalar's gradient takes a number (its `scalar == 0` test)
-            exponent = NDArray(other, device=self.device)
-            return ops.power(self, Tensor.make_const(exponent))
+            return ops.power(self, self._constant_like(other, "power"))
         return ops.power_scalar(self, other)
 
     def __rpow__(self, other) -> Tensor:

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
 ETHER = 10**18
-MAX_DEADLINE_BLOCKS = 100_000  # ComputeMarket.MAX_TIMEOUT_BLOCKS
 TRANSFER_GAS = 21_000
 
 
@@ -313,10 +312,10 @@ def submit(
 
     Example: [bold]needle-net submit a.npy b.npy -o c.npy --fee 0.002 --deadline 50[/bold]
     """
-    from node.client import JobClient, RemoteJobError
+    from node.client import MAX_TIMEOUT_BLOCKS, JobClient, RemoteJobError
 
-    if not 1 <= deadline <= MAX_DEADLINE_BLOCKS:
-        _fail(f"--deadline must be between 1 and {MAX_DEADLINE_BLOCKS} blocks, got {deadline}")
+    if not 1 <= deadline <= MAX_TIMEOUT_BLOCKS:
+        _fail(f"--deadline must be between 1 and {MAX_TIMEOUT_BLOCKS} blocks, got {deadline}")
     _require_positive(timeout, "--timeout", "seconds")
     fee_wei = _wei(fee, "--fee", allow_zero=True)
     _check_writable(output, force)

@@ -88,7 +88,7 @@ class BackendDevice:
         labels = np.asarray(i.numpy() if hasattr(i, "numpy") else i)
         if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)):
             bad = labels[labels != np.round(labels)].flat[0]  # NaN too: it is no class
-            raise ValueError(f"one_hot: labels must be whole numbers, got {bad}")
+            raise ValueError(f"one_hot: labels must be integers (whole numbers), got {bad}")
         if labels.size and (labels.min() < 0 or labels.max() >= n):
             raise IndexError(
                 f"one_hot: labels must lie in [0, {n}), got {labels.min()}..{labels.max()}"
