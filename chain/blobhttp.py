@@ -576,11 +576,15 @@ class BlobClient:
     def put_arrays(self, arrays: list[np.ndarray], threads: int = 8) -> list[bytes]:
         """Upload arrays, the small ones batched (up to MAX_BATCH_BLOBS blobs or BATCH_BYTES
         per request), the large ones one per request; requests run on `threads` threads (a
-        connection each). Returns the ids in order."""
+        connection each). Returns the ids in order. An array given more than once (one B
+        shared by a batch of products) is sent once."""
+        first_of: dict[int, int] = {}  # id() of an array -> the index it is uploaded at
         groups: list[list[int]] = []
         batch: list[int] = []
         batch_bytes = 0
         for i, array in enumerate(arrays):
+            if first_of.setdefault(id(array), i) != i:
+                continue
             nbytes = np.asarray(array).nbytes
             if nbytes >= STREAM_BYTES:
                 groups.append([i])
@@ -604,7 +608,7 @@ class BlobClient:
         for group, group_ids in zip(groups, uploads, strict=True):
             for i, id_ in zip(group, group_ids, strict=True):
                 ids[i] = id_
-        return ids
+        return [ids[first_of[id(array)]] for array in arrays]
 
     def _pool(self, threads: int) -> ThreadPoolExecutor:
         with self._pool_lock:

@@ -15,6 +15,7 @@ only when a `Network` is created, so needle core stays independent of them.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,23 +91,33 @@ class Offload:
         return NDArray(c, device=a.device)
 
     def product(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """a @ b on the executor as one job: a shared 2-D `b` folds `a`'s leading dims into
-        its rows; otherwise leading dims are broadcast and flattened into the job's batch."""
-        if b.ndim == 2:
-            rows = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
-            c = self._checked(self.executor.matmul(rows, np.ascontiguousarray(b)),
-                              (rows.shape[0], b.shape[-1]))
-            return c.reshape(a.shape[:-1] + (b.shape[-1],))
+        """a @ b on the executor as one job in which no operand is repeated: a leading dim
+        along which only `a` varies becomes rows of A, one along which only `b` varies
+        columns of B, and one along which both vary the job's batch. (Broadcasting by
+        copying would upload, and pay a worker to multiply, the same matrix many times.)"""
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a3 = np.broadcast_to(a, lead + a.shape[-2:]).reshape(-1, *a.shape[-2:])
-        b3 = np.broadcast_to(b, lead + b.shape[-2:]).reshape(-1, *b.shape[-2:])
-        shape = (a.shape[-2], b.shape[-1])
-        if a3.shape[0] == 1:
-            c = self.executor.matmul(np.ascontiguousarray(a3[0]), np.ascontiguousarray(b3[0]))
-        else:
-            c = self.executor.matmul(np.ascontiguousarray(a3), np.ascontiguousarray(b3))
-            shape = (a3.shape[0], *shape)
-        return self._checked(c, shape).reshape(lead + (a.shape[-2], b.shape[-1]))
+        ndim = len(lead)
+        a = a.reshape((1,) * (ndim + 2 - a.ndim) + a.shape)
+        b = b.reshape((1,) * (ndim + 2 - b.ndim) + b.shape)
+        both = [d for d in range(ndim) if a.shape[d] > 1 and b.shape[d] > 1]
+        rows = [d for d in range(ndim) if a.shape[d] > 1 and b.shape[d] == 1]
+        cols = [d for d in range(ndim) if a.shape[d] == 1 and b.shape[d] > 1]
+        ones = [d for d in range(ndim) if a.shape[d] == 1 and b.shape[d] == 1]
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch, stacked, side = (math.prod(lead[d] for d in dims) for dims in (both, rows, cols))
+        a_job = a.transpose(both + rows + cols + ones + [ndim, ndim + 1])
+        b_job = b.transpose(both + rows + ones + [ndim] + cols + [ndim + 1])
+        a_job, b_job = a_job.reshape(batch, stacked * m, k), b_job.reshape(batch, k, side * n)
+        if batch == 1:
+            a_job, b_job = a_job[0], b_job[0]
+        job = self.executor.matmul(np.ascontiguousarray(a_job), np.ascontiguousarray(b_job))
+        out = self._checked(job, a_job.shape[:-1] + b_job.shape[-1:])
+        # back from (both, rows, m, cols, n) to (lead..., m, n)
+        labels = both + rows + ["m"] + cols + ["n"] + ones
+        out = out.reshape([lead[d] for d in both + rows] + [m] + [lead[d] for d in cols] + [n]
+                          + [1] * len(ones))
+        order = [labels.index(axis) for axis in [*range(ndim), "m", "n"]]
+        return np.ascontiguousarray(out.transpose(order))
 
     def _checked(self, c, shape: tuple[int, ...]) -> np.ndarray:
         """The executor's result as float32 of exactly `shape`: reshaping one of another

@@ -145,6 +145,23 @@ def test_batched_uploads_round_trip_and_match_single_puts(node, blobs):
     assert not [f for f in stored_files(node) if f.startswith(".tmp")]
 
 
+def test_an_array_given_twice_is_uploaded_once(blob_port):
+    """A batch of products sharing one B names that array once per product: its bytes go to
+    the store once (small ones batched, large ones alone), and every position gets its id."""
+    client = BlobClient(f"http://127.0.0.1:{blob_port}/blobs", LIMIT_MB << 20)
+    sent = []
+    put_many, put_array = client.put_many, client.put_array
+    client.put_many = lambda blobs: sent.extend(["small"] * len(blobs)) or put_many(blobs)
+    client.put_array = lambda array: sent.append("large") or put_array(array)
+    shared_small, shared_large = np.arange(12, dtype=np.float32), np.ones((600, 600), np.float32)
+    arrays = [shared_small, np.zeros(3, np.int8), shared_large, shared_small, shared_large,
+              shared_small.copy()]  # an equal copy is another object: sent again (harmless)
+    assert client.put_arrays(arrays, threads=2) == [
+        blake3.blake3(encode_array(a)).digest() for a in arrays]
+    assert sorted(sent) == ["large", "small", "small", "small"]
+    client.close()
+
+
 def test_batch_with_forged_truncated_or_oversized_blobs(node, blob_port):
     """Each blob of a batch is checked against the id that follows it: a forged one is
     refused by index while the others are stored; a truncated or oversized batch stores

@@ -62,7 +62,10 @@ def test_threshold_keeps_small_matmuls_local(device):
 
 @pytest.mark.parametrize("a_shape,b_shape,job_shapes", [
     ((2, 3, 4, 5), (5, 6), [((24, 5), (5, 6))]),           # shared weight: rows folded
-    ((2, 3, 4, 5), (3, 5, 6), [((6, 4, 5), (6, 5, 6))]),    # broadcast batch
+    ((2, 3, 4, 5), (3, 5, 6), [((3, 8, 5), (3, 5, 6))]),    # B shared along dim 0: rows
+    ((4, 5), (2, 3, 5, 6), [((4, 5), (5, 36))]),            # shared A: B's columns side by side
+    ((2, 1, 4, 5), (1, 3, 5, 6), [((8, 5), (5, 18))]),      # an outer product of batches
+    ((3, 4, 5), (3, 5, 6), [((3, 4, 5), (3, 5, 6))]),       # a plain batch
 ])
 def test_batched_matmul_becomes_one_job(device, a_shape, b_shape, job_shapes):
     rng = np.random.default_rng(2)
@@ -73,6 +76,26 @@ def test_batched_matmul_becomes_one_job(device, a_shape, b_shape, job_shapes):
         out = ndl.ops.matmul(ndl.Tensor(a, device=device), ndl.Tensor(b, device=device))
     assert executor.shapes == job_shapes
     np.testing.assert_allclose(out.numpy(), np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_broadcast_product_uploads_each_operand_once():
+    """Random broadcasts of leading dims against numpy: one job whose operands hold exactly
+    the elements of a and b (a matrix repeated by broadcasting is not sent twice)."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        lead = [int(d) for d in rng.integers(1, 4, size=rng.integers(0, 4))]
+        a_lead = [d if rng.random() < 0.6 else 1 for d in lead][rng.integers(0, len(lead) + 1):]
+        b_lead = [d if rng.random() < 0.6 else 1 for d in lead][rng.integers(0, len(lead) + 1):]
+        m, k, n = (int(x) for x in rng.integers(1, 5, size=3))
+        a = rng.standard_normal((*a_lead, m, k)).astype(np.float32)
+        b = rng.standard_normal((*b_lead, k, n)).astype(np.float32)
+        executor = RecordingExecutor()
+        out = remote.Offload(executor).product(a, b)
+        np.testing.assert_allclose(out, np.matmul(a.astype(np.float64), b), rtol=1e-5,
+                                   atol=1e-5)
+        assert out.shape == np.matmul(a, b).shape and out.flags.c_contiguous
+        ((a_job, b_job),) = executor.shapes
+        assert np.prod(a_job) + np.prod(b_job) == a.size + b.size, (a.shape, b.shape)
 
 
 def test_nested_contexts_and_no_leak_after_error():
