@@ -1,6 +1,7 @@
 """Module, Parameter and the basic layers (CMU needle's `needle.nn`)."""
 import math
 from collections.abc import Iterator
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,16 @@ def check_shape(module: "Module", x: Tensor, ndim: int, dims: dict[int, int],
             f"{type(module).__name__} expects {what} of shape ({', '.join(expected)}), "
             f"got {tuple(x.shape)}"
         )
+
+
+def check_positive_ints(module: "Module", **sizes) -> None:
+    """A ValueError naming the layer or model for a size that is not a positive int: 0, a
+    negative, a float or a bool would otherwise fail later with ZeroDivisionError, a numpy
+    shape error or garbage, or build a model that fails only at its first batch."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"{type(module).__name__}: {name} must be a positive int, "
+                             f"got {value!r}")
 
 
 class Module:

@@ -4,7 +4,7 @@ import math
 from needle import init, ops
 from needle.autograd import Tensor
 
-from .nn_basic import Module, Parameter, check_shape
+from .nn_basic import Module, Parameter, check_positive_ints, check_shape
 
 __all__ = [
     "Conv",
@@ -13,16 +13,25 @@ __all__ = [
 ]
 
 
+def _square(name: str, value):
+    """(k, k) as k: only square kernels and equal strides are supported, and taking the first
+    entry as CMU's Conv does turned (3, 5) silently into a 3x3 kernel."""
+    if not isinstance(value, tuple):
+        return value
+    if len(value) != 2 or value[0] != value[1]:
+        raise ValueError(f"Conv: {name} must be one int or a pair of equal ints, got {value!r}")
+    return value[0]
+
+
 class Conv(Module):
     """2-D convolution with 'same' padding (kernel_size // 2) and an optional bias."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True,
                  device=None, dtype="float32"):
         super().__init__()
-        if isinstance(kernel_size, tuple):
-            kernel_size = kernel_size[0]
-        if isinstance(stride, tuple):
-            stride = stride[0]
+        kernel_size, stride = _square("kernel_size", kernel_size), _square("stride", stride)
+        check_positive_ints(self, in_channels=in_channels, out_channels=out_channels,
+                            kernel_size=kernel_size, stride=stride)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = kernel_size
@@ -55,10 +64,7 @@ class _Pool2d(Module):
     def __init__(self, kernel_size: int, stride: int | None = None):
         super().__init__()
         stride = kernel_size if stride is None else stride
-        for name, value in (("kernel_size", kernel_size), ("stride", stride)):
-            if not isinstance(value, int) or value < 1:  # stride 0 used to mean "kernel_size"
-                raise ValueError(f"{type(self).__name__}: {name} must be a positive int, "
-                                 f"got {value!r}")
+        check_positive_ints(self, kernel_size=kernel_size, stride=stride)
         self.kernel_size = kernel_size
         self.stride = stride
 

@@ -5,7 +5,7 @@ from needle import init, ops
 from needle.autograd import Tensor
 from needle.ops.ops_nn import integer_ids
 
-from .nn_basic import Module, Parameter, check_shape
+from .nn_basic import Module, Parameter, check_positive_ints, check_shape
 
 __all__ = [
     "RNNCell",
@@ -21,11 +21,24 @@ def _uniform(*shape, bound, device, dtype):
 
 
 def _state_pair(module: Module, h) -> tuple[Tensor, Tensor]:
-    """An LSTM state must be a pair (h, c); a lone Tensor would be split along its rows."""
+    """An LSTM state must be a pair (h, c) of Tensors: a lone Tensor would be split along its
+    rows, and a None in the pair would fail deep inside the cell (c is not optional)."""
     if isinstance(h, Tensor) or len(h) != 2:
         raise ValueError(f"{type(module).__name__} expects its state as a pair (h, c), "
                          f"got {type(h).__name__}")
+    if not all(isinstance(state, Tensor) for state in h):
+        raise ValueError(f"{type(module).__name__} expects its state as a pair (h, c) of "
+                         f"Tensors, got ({', '.join(type(state).__name__ for state in h)})")
     return h[0], h[1]
+
+
+def _check_sequence(module: Module, X: Tensor, input_size: int) -> None:
+    """X must be (seq_len, batch, input_size) with seq_len >= 1: with no step there is no
+    final state to return (PyTorch refuses it too)."""
+    check_shape(module, X, 3, {2: input_size})
+    if X.shape[0] == 0:
+        raise ValueError(f"{type(module).__name__} expects at least one time step, "
+                         f"got input of shape {tuple(X.shape)}")
 
 
 class _Cell(Module):
@@ -33,6 +46,7 @@ class _Cell(Module):
 
     def __init__(self, input_size, hidden_size, gates, bias, device, dtype):
         super().__init__()
+        check_positive_ints(self, hidden_size=hidden_size)  # the bound is 1 / sqrt(hidden_size)
         self.input_size = input_size
         self.hidden_size = hidden_size
         bound = 1.0 / math.sqrt(hidden_size)
@@ -103,6 +117,7 @@ class RNN(Module):
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, nonlinearity="tanh",
                  device=None, dtype="float32"):
         super().__init__()
+        check_positive_ints(self, num_layers=num_layers)  # forward reads the first cell
         self.rnn_cells = [
             RNNCell(input_size if k == 0 else hidden_size, hidden_size, bias, nonlinearity,
                     device, dtype)
@@ -111,7 +126,7 @@ class RNN(Module):
 
     def forward(self, X: Tensor, h0: Tensor | None = None):
         first = self.rnn_cells[0]
-        check_shape(self, X, 3, {2: first.input_size})
+        _check_sequence(self, X, first.input_size)
         if h0 is not None:
             expected = {0: len(self.rnn_cells), 1: X.shape[1], 2: first.hidden_size}
             check_shape(self, h0, 3, expected, "h0")
@@ -134,6 +149,7 @@ class LSTM(Module):
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True,
                  device=None, dtype="float32"):
         super().__init__()
+        check_positive_ints(self, num_layers=num_layers)  # forward reads the first cell
         self.lstm_cells = [
             LSTMCell(input_size if k == 0 else hidden_size, hidden_size, bias, device, dtype)
             for k in range(num_layers)
@@ -141,7 +157,7 @@ class LSTM(Module):
 
     def forward(self, X: Tensor, h: tuple[Tensor, Tensor] | None = None):
         first = self.lstm_cells[0]
-        check_shape(self, X, 3, {2: first.input_size})
+        _check_sequence(self, X, first.input_size)
         layer_input = list(ops.split(X, axis=0))
         if h is None:
             h_start = [None] * len(self.lstm_cells)

@@ -4,7 +4,16 @@ import numpy as np
 from needle import init, ops
 from needle.autograd import Tensor
 
-from .nn_basic import Dropout, LayerNorm1d, Linear, Module, ReLU, Sequential, check_shape
+from .nn_basic import (
+    Dropout,
+    LayerNorm1d,
+    Linear,
+    Module,
+    ReLU,
+    Sequential,
+    check_positive_ints,
+    check_shape,
+)
 from .nn_sequence import Embedding
 
 __all__ = [
@@ -74,6 +83,8 @@ class AttentionLayer(Module):
     def __init__(self, q_features, num_head, dim_head, *, out_features=None, k_features=None,
                  v_features=None, dropout=0.0, causal=True, device=None, dtype="float32"):
         super().__init__()
+        # 0 or 2.0 heads would fail inside Linear's initialiser or a reshape, naming neither
+        check_positive_ints(self, num_head=num_head, dim_head=dim_head)
         k_features = k_features or q_features
         v_features = v_features or q_features
         out_features = out_features or q_features

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Integral
+
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_ndarray.ndarray import _normalize_axes
 from .ops_shape import getitem, scatter_into_zeros, transpose
@@ -109,6 +111,9 @@ class Conv(TensorOp):
     """2-D convolution: NHWC input, (K, K, C_in, C_out) kernel, im2col + one matmul."""
 
     def __init__(self, stride: int = 1, padding: int = 0):
+        """Both must be ints: a float one would fail deep in as_strided or pad."""
+        if not isinstance(stride, Integral) or not isinstance(padding, Integral):
+            raise ValueError(f"conv needs an int stride and padding, got {stride!r}, {padding!r}")
         if stride < 1 or padding < 0:
             raise ValueError(f"conv needs stride >= 1 and padding >= 0, got {stride}, {padding}")
         self.stride = stride
