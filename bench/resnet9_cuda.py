@@ -21,7 +21,7 @@ from needle.models import ResNet9
 
 def conv_bn(a: int, b: int, k: int, s: int) -> tnn.Module:
     return tnn.Sequential(
-        tnn.Conv2d(a, b, k, s, padding=k // 2, bias=False), tnn.BatchNorm2d(b), tnn.ReLU()
+        tnn.Conv2d(a, b, k, s, padding=k // 2), tnn.BatchNorm2d(b), tnn.ReLU()
     )
 
 

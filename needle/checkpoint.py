@@ -7,6 +7,7 @@ import contextlib
 import os
 import secrets
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -26,6 +27,7 @@ def save(path: str, model: Module, optimizer: Optimizer | None = None,
     if optimizer is not None:
         arrays.update({f"optimizer/{k}": v for k, v in optimizer.state_dict().items()})
     arrays.update({f"train/{k}": np.asarray(v) for k, v in (train or {}).items()})
+    _require_numbers(arrays, f"cannot save {path}")  # load() refuses anything else
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot save {path}: folder {folder} does not exist")
@@ -36,6 +38,7 @@ def save(path: str, model: Module, optimizer: Optimizer | None = None,
             f.flush()
             os.fsync(f.fileno())  # else a power cut after the rename can leave an empty file
         os.replace(tmp, path)
+        _sync_folder(folder)  # else a power cut can undo the rename: the old checkpoint is back
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -51,15 +54,15 @@ def load(path: str, model: Module, optimizer: Optimizer | None = None) -> dict[s
             raise ValueError("an .npy array, not an .npz archive")
         with loaded as f:
             arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError) as e:  # the last two: damaged compressed data, method field
         raise ValueError(f"{path}: not a readable needle checkpoint ({e})") from None
+    _require_numbers(arrays, path)
     parts: dict[str, dict[str, np.ndarray]] = {"model": {}, "optimizer": {}, "train": {}}
     for key, value in arrays.items():
         part, _, name = key.partition("/")
         if part not in parts or not name:
             raise ValueError(f"{path}: unexpected entry {key!r} in checkpoint")
-        if value.dtype.kind not in "biuf":
-            raise ValueError(f"{path}: entry {key!r} holds {value.dtype}, not numbers")
         parts[part][name] = value
     if not parts["model"]:
         raise ValueError(f"{path}: checkpoint holds no model state")
@@ -86,3 +89,21 @@ def _naming(path: str, error: Exception) -> Exception:
     that does not match says which file it does not match."""
     message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
     return type(error)(f"{path}: {message}")
+
+
+def _require_numbers(arrays: dict, where: str) -> None:
+    """Only arrays of numbers go into or come out of a checkpoint (NpzFile hands a member that
+    is not an .npy file over as bytes)."""
+    for key, value in arrays.items():
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+            held = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
+            raise ValueError(f"{where}: entry {key!r} holds {held}, not numbers")
+
+
+def _sync_folder(folder: str) -> None:
+    """Make a rename in folder durable: fsync of the file alone does not persist its name."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

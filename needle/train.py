@@ -6,12 +6,15 @@ checkpoints. Nothing is downloaded: digits ship with scikit-learn, the rest are 
 --data-dir in their standard file formats.
 """
 import argparse
+import contextlib
 import csv
+import itertools
 import json
 import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 import numpy as np
@@ -58,6 +61,21 @@ def _finite(loss, step: int, desc: str) -> float:
     return value
 
 
+@contextlib.contextmanager
+def _mode(model: nn.Module, training: bool) -> Iterator[None]:
+    """model in training or eval mode for one epoch, then every module back in the mode it had:
+    an evaluation amid a caller's own training loop must not leave dropout and BatchNorm's
+    running statistics switched off (nor a training epoch switch them on in a frozen layer)."""
+    modules = [model, *model.children()]
+    before = [m.training for m in modules]
+    model.train() if training else model.eval()
+    try:
+        yield
+    finally:
+        for module, flag in zip(modules, before, strict=True):
+            module.training = flag
+
+
 def _step(model, inputs, loss_fn, y, optimizer, clip):
     """model(*inputs) (logits, or (logits, state) for language models) and the loss on y; with
     an optimizer also backward, clipping and the update, without one no graph is recorded."""
@@ -79,19 +97,19 @@ def run_epoch(model: nn.Module, loader: data.DataLoader, loss_fn: nn.Module,
               optimizer: optim.Optimizer | None = None, clip: float | None = None,
               desc: str = "", stream: TextIO | None = None) -> dict[str, float]:
     """One pass over loader; trains when an optimizer is given, else evaluates without a graph.
-    Returns mean loss, accuracy and samples/s."""
-    model.train() if optimizer else model.eval()
+    Returns mean loss, accuracy and samples/s; the model's train/eval modes are as before."""
     bar = ProgressBar(len(loader), desc, stream) if stream else None
     total_loss, correct, seen = 0.0, 0, 0
     start = time.perf_counter()
-    for step, (X, y) in enumerate(loader, 1):
-        logits, loss = _step(model, (X,), loss_fn, y, optimizer, clip)
-        batch = y.shape[0]
-        total_loss += _finite(loss, step, desc) * batch
-        correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
-        seen += batch
-        if bar:
-            bar.update(step, seen, {"loss": total_loss / seen, "acc": correct / seen})
+    with _mode(model, optimizer is not None):
+        for step, (X, y) in enumerate(loader, 1):
+            logits, loss = _step(model, (X,), loss_fn, y, optimizer, clip)
+            batch = y.shape[0]
+            total_loss += _finite(loss, step, desc) * batch
+            correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
+            seen += batch
+            if bar:
+                bar.update(step, seen, {"loss": total_loss / seen, "acc": correct / seen})
     if not seen:  # else a ZeroDivisionError below
         raise ValueError(f"{desc or 'epoch'}: the loader gave no examples ({len(loader)} "
                          f"batches of {len(loader.dataset)} examples, batch size "
@@ -111,23 +129,24 @@ def run_lm_epoch(model: models.LanguageModel, batches: np.ndarray, bptt: int,
                  optimizer: optim.Optimizer | None = None, clip: float | None = None,
                  device=None, desc: str = "", stream: TextIO | None = None) -> dict[str, float]:
     """One pass over batchified tokens (rows, batch) in windows of bptt steps; the recurrent
-    state is carried across windows but not differentiated through them."""
-    model.train() if optimizer else model.eval()
+    state is carried across windows but not differentiated through them. The model's
+    train/eval modes are as before."""
     loss_fn = nn.SoftmaxLoss()
     starts = range(0, len(batches) - 1, bptt)
     bar = ProgressBar(len(starts), desc, stream) if stream else None
     total_loss, correct, seen, h = 0.0, 0, 0, None
     start = time.perf_counter()
-    for step, i in enumerate(starts, 1):
-        X, y = data.get_batch(batches, i, bptt, device=device)
-        (logits, h), loss = _step(model, (X, h), loss_fn, y, optimizer, clip)
-        h = tuple(t.detach() for t in h) if isinstance(h, tuple) else h.detach()
-        total_loss += _finite(loss, step, desc) * y.shape[0]
-        correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
-        seen += y.shape[0]
-        if bar:
-            mean = total_loss / seen
-            bar.update(step, seen, {"loss": mean, "ppl": _perplexity(mean)})
+    with _mode(model, optimizer is not None):
+        for step, i in enumerate(starts, 1):
+            X, y = data.get_batch(batches, i, bptt, device=device)
+            (logits, h), loss = _step(model, (X, h), loss_fn, y, optimizer, clip)
+            h = tuple(t.detach() for t in h) if isinstance(h, tuple) else h.detach()
+            total_loss += _finite(loss, step, desc) * y.shape[0]
+            correct += int((logits.numpy().argmax(axis=1) == y.numpy()).sum())
+            seen += y.shape[0]
+            if bar:
+                mean = total_loss / seen
+                bar.update(step, seen, {"loss": mean, "ppl": _perplexity(mean)})
     if not seen:  # else a ZeroDivisionError below
         raise ValueError(f"{desc or 'epoch'}: {len(batches)} rows of tokens hold no window "
                          "with a next token (at least 2 are needed)")
@@ -200,8 +219,8 @@ def build_classifier(name: str, image_shape: tuple[int, ...], classes: int, devi
                                   device=device)
     if name == "resnet9":
         return models.ResNet9(device=device, num_classes=classes)
-    if name == "resnet18":
-        return models.ResNet18(classes, in_channels=image_shape[0], pool=image_shape[1] // 8,
+    if name == "resnet18":  # three stride-2 stages leave ceil(size / 8) pixels a side: pool all
+        return models.ResNet18(classes, in_channels=image_shape[0], pool=-(-image_shape[1] // 8),
                                device=device)
     raise ValueError(f"unknown model {name!r} for classification")
 
@@ -295,6 +314,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         path = getattr(args, flag)
         if path and not os.path.isdir(folder := os.path.dirname(os.path.abspath(path))):
             p.error(f"--{flag}: folder {folder} does not exist")
+    files = [(flag, getattr(args, flag)) for flag in ("resume", "save", "log", "plot")
+             if getattr(args, flag)]
+    for (flag, path), (other, other_path) in itertools.combinations(files, 2):
+        # each epoch's log or plot would overwrite the checkpoint, or the other way round;
+        # --save may be --resume, which a resumed run then keeps up to date
+        if (flag, other) != ("resume", "save") and \
+                os.path.realpath(path) == os.path.realpath(other_path):
+            p.error(f"--{flag} and --{other} name the same file {path}: "
+                    "one would overwrite the other")
     return args
 
 

@@ -1,5 +1,6 @@
 """Word-level language models: embedding -> RNN / LSTM / Transformer -> linear decoder."""
 from needle import nn
+from needle.nn.nn_basic import check_positive_ints
 
 
 class LanguageModel(nn.Module):
@@ -10,6 +11,13 @@ class LanguageModel(nn.Module):
                  num_head: int = 4, dim_head: int = 16, dropout: float = 0.0,
                  device=None, dtype="float32"):
         super().__init__()
+        check_positive_ints(self, embedding_size=embedding_size, output_size=output_size,
+                      hidden_size=hidden_size, num_layers=num_layers)
+        if seq_model == "transformer":
+            check_positive_ints(self, seq_len=seq_len, num_head=num_head, dim_head=dim_head)
+        elif dropout and seq_model in ("rnn", "lstm"):  # it would be ignored without a word
+            raise ValueError(f"LanguageModel: dropout applies to the transformer only, not to "
+                             f"seq_model {seq_model!r}")
         self.embedding = nn.Embedding(output_size, embedding_size, device=device, dtype=dtype)
         if seq_model == "rnn":
             self.seq_model = nn.RNN(embedding_size, hidden_size, num_layers,

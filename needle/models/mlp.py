@@ -1,5 +1,8 @@
 """Multi-layer perceptron classifier."""
+from collections.abc import Iterable
+
 from needle import nn
+from needle.nn.nn_basic import check_positive_ints
 
 
 class MLP(nn.Module):
@@ -8,6 +11,12 @@ class MLP(nn.Module):
     def __init__(self, in_features: int, hidden_sizes=(128,), num_classes: int = 10,
                  dropout: float = 0.0, device=None, dtype="float32"):
         super().__init__()
+        if not isinstance(hidden_sizes, Iterable):
+            raise TypeError(f"MLP: hidden_sizes must be a sequence of widths such as (128,), "
+                            f"got {hidden_sizes!r}")
+        hidden_sizes = tuple(hidden_sizes)
+        check_positive_ints(self, in_features=in_features, num_classes=num_classes,
+                      **{f"hidden_sizes[{i}]": size for i, size in enumerate(hidden_sizes)})
         layers, width = [], in_features
         for size in hidden_sizes:
             layers += [nn.Linear(width, size, device=device, dtype=dtype), nn.ReLU()]

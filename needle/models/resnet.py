@@ -1,15 +1,18 @@
 """Convolutional residual networks on NCHW images."""
 from needle import nn
+from needle.nn.nn_basic import check_positive_ints
 
 
 class ConvBN(nn.Module):
-    """Conv -> BatchNorm2d -> ReLU (ReLU optional, for the end of a residual branch)."""
+    """Conv -> BatchNorm2d -> ReLU (ReLU optional, for the end of a residual branch). The conv
+    has no bias by default, as in PyTorch's ResNets (BatchNorm's shift makes it redundant);
+    CMU needle's ResNet9 keeps it."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, relu=True,
-                 device=None, dtype="float32"):
+                 bias=False, device=None, dtype="float32"):
         super().__init__()
         layers = [
-            nn.Conv(in_channels, out_channels, kernel_size, stride, bias=False,
+            nn.Conv(in_channels, out_channels, kernel_size, stride, bias=bias,
                     device=device, dtype=dtype),
             nn.BatchNorm2d(out_channels, device=device, dtype=dtype),
         ]
@@ -20,13 +23,15 @@ class ConvBN(nn.Module):
 
 
 class ResNet9(nn.Module):
-    """CMU needle's ResNet9 for 3 x 32 x 32 images."""
+    """CMU needle's ResNet9 for 3 x 32 x 32 images, conv biases included (431,946 parameters
+    with 10 classes, the course's count)."""
 
     def __init__(self, device=None, dtype="float32", num_classes: int = 10):
         super().__init__()
+        check_positive_ints(self, num_classes=num_classes)
 
         def block(a, b, k, s):
-            return ConvBN(a, b, k, s, device=device, dtype=dtype)
+            return ConvBN(a, b, k, s, bias=True, device=device, dtype=dtype)
 
         self.net = nn.Sequential(
             block(3, 16, 7, 4),
@@ -71,6 +76,8 @@ class ResNet18(nn.Module):
     def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 64,
                  pool: int = 4, device=None, dtype="float32"):
         super().__init__()
+        check_positive_ints(self, num_classes=num_classes, in_channels=in_channels, width=width,
+                      pool=pool)
         widths = [width, 2 * width, 4 * width, 8 * width]
         blocks, channels = [], width
         for stage, out in enumerate(widths):
@@ -97,6 +104,8 @@ class SmallResNet(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16,
                  image_size: int = 8, device=None, dtype="float32"):
         super().__init__()
+        check_positive_ints(self, in_channels=in_channels, num_classes=num_classes,
+                      width=width, image_size=image_size)
 
         def block(a, b):
             return ConvBN(a, b, 3, 1, device=device, dtype=dtype)
