@@ -32,6 +32,11 @@ def no_grad() -> Iterator[None]:
         _grad_enabled = previous
 
 
+def is_grad_enabled() -> bool:
+    """False inside no_grad(): ops then record no graph."""
+    return _grad_enabled
+
+
 class Op:
     """An operator: compute() on NDArrays, gradient() on Tensors."""
 

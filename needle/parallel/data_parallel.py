@@ -16,6 +16,7 @@ Run under `mpiexec -n N python train.py` (or `python -m needle.parallel.launch`)
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +46,8 @@ _FRACTION_TOLERANCE = 1e-5
 class _Sync:
     """One step's synchronisation in flight: how far each bucket is packed, what was started."""
 
-    scale: float  # this rank's local_fraction
+    fraction: object  # this rank's local_fraction as given (1/size for None)
+    scale: float  # the fraction as a float, NaN where it is refused
     unpacked: list[int]  # per bucket, gradients not yet packed
     launched: int = 0  # buckets 0..launched-1 have their allreduce started
     packed: set[int] = field(default_factory=set)  # ids of parameters packed this step
@@ -73,6 +75,11 @@ def plan_buckets(params: list[Parameter], bucket_bytes: int) -> list[Bucket]:
 
 def _numel(param: Parameter) -> int:
     return math.prod(param.shape)
+
+
+def _is_number(value: object) -> bool:
+    """A real number (numpy's included); a bool, a string or a tensor is a caller's mistake."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _make_bucket(params: list[Parameter]) -> Bucket:
@@ -190,12 +197,14 @@ class DataParallel(Module):
     def _start(self, local_fraction: float | None) -> None:
         """Begin a step's synchronisation; BatchNorm statistics (final since forward) go first.
 
-        A bad `local_fraction` is not refused here but after the allreduce, from the summed
-        fractions, so that every rank raises and none is left waiting in the collective."""
-        scale = 1.0 / self.comm.size if local_fraction is None else float(local_fraction)
-        self._sync = _Sync(scale, [len(b.params) for b in self._buckets])
-        for tail in self._tails:  # NaN for a value out of range: the sum then tells every rank
-            tail[-1] = scale if 0.0 <= scale <= 1.0 else np.nan
+        A bad `local_fraction` (not a number, or outside [0, 1]) is not refused here but after
+        the allreduce: it travels as NaN and makes the summed fraction NaN, so that every rank
+        raises and none is left waiting in the collective."""
+        fraction = 1.0 / self.comm.size if local_fraction is None else local_fraction
+        scale = float(fraction) if _is_number(fraction) and 0.0 <= fraction <= 1.0 else math.nan
+        self._sync = _Sync(fraction, scale, [len(b.params) for b in self._buckets])
+        for tail in self._tails:
+            tail[-1] = scale
         if self._norms:
             for name, norm, view in self._stat_views():
                 self.comm.pack(getattr(norm, name).realize_cached_data(), view, scale)
@@ -274,10 +283,15 @@ class DataParallel(Module):
         """Refuse fractions outside [0, 1] or not summing to 1 (they would rescale the gradient
         silently). Every rank holds the same sum, so every rank raises, before anything
         (gradients, BatchNorm statistics) is replaced."""
-        fraction, size = self._sync.scale, self.comm.size
+        fraction, size = self._sync.fraction, self.comm.size
+        if not _is_number(fraction):
+            raise ValueError(
+                f"local_fraction must be a number in [0, 1], got {type(fraction).__name__} "
+                f"{fraction!r}; no gradient was synchronised"
+            )
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"local_fraction must lie in [0, 1], got {fraction}")
-        if math.isnan(total):  # what a rank whose fraction is out of range adds
+        if math.isnan(total):  # what a rank whose fraction is refused adds
             raise ValueError(
                 f"local_fraction lies outside [0, 1] on another of the {size} ranks; "
                 "no gradient was synchronised"

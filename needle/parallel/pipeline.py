@@ -16,11 +16,13 @@ gradients travel by MPI send/recv, so the stages really overlap.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
+from needle import autograd
 from needle.autograd import Tensor
 from needle.nn import Module, Parameter
 
@@ -100,6 +102,9 @@ class Pipeline:
 
         Returns the batch-mean loss (on every rank).
         """
+        if not autograd.is_grad_enabled():  # the stages would record no graph to take gradients of
+            raise RuntimeError("Pipeline.forward_backward computes gradients; call it outside "
+                               "needle.no_grad()")
         x, y = np.asarray(x), np.asarray(y)
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"inputs have {x.shape[0]} rows but targets have {y.shape[0]}")
@@ -120,22 +125,27 @@ class Pipeline:
                 if phase == "F":
                     source = xs[m] if s == 0 else self._receive(s - 1, m, outputs, "F")
                     inputs[s, m] = Tensor(source, device=self.devices[s], requires_grad=s > 0)
-                    out = self.stages[s](inputs[s, m])
-                    if s == last:
-                        target = Tensor(ys[m], device=self.devices[s], requires_grad=False)
-                        out = loss_fn(out, target) * (len(ys[m]) / len(y))
-                        loss += out.numpy().item()
+                    origin = "the batch" if s == 0 else f"stage {s - 1}"
+                    shape = tuple(inputs[s, m].shape)
+                    with _naming_stage(s, f"the forward of micro-batch {m} on an input of "
+                                          f"shape {shape} from {origin}"):
+                        out = self.stages[s](inputs[s, m])
+                        if s == last:
+                            target = Tensor(ys[m], device=self.devices[s], requires_grad=False)
+                            out = loss_fn(out, target) * (len(ys[m]) / len(y))
+                            loss += out.numpy().item()
                     outputs[s, m] = out
                     self._send(s + 1, m, out, "F")
                 else:
                     params = self.stages[s].parameters()
                     for p in params:
                         p.grad = None
-                    if s == last:
-                        outputs[s, m].backward()
-                    else:
+                    out_grad = None  # the last stage's output is the loss: ones
+                    if s < last:
                         grad = self._receive(s + 1, m, inputs, "B")
-                        outputs[s, m].backward(Tensor(grad, device=self.devices[s]))
+                        out_grad = Tensor(grad, device=self.devices[s])
+                    with _naming_stage(s, f"the backward of micro-batch {m}"):
+                        outputs[s, m].backward(out_grad)
                     for p in params:
                         if p.grad is not None:
                             g = p.grad.detach()
@@ -163,3 +173,14 @@ class Pipeline:
 
     def _tag(self, m: int, phase: str) -> int:
         return 2 * m + (phase == "B")
+
+
+@contextlib.contextmanager
+def _naming_stage(stage: int, task: str) -> Iterator[None]:
+    """Say which stage and micro-batch a stage's own error came from (with one stage per rank, a
+    layer's bare error would not say that the mismatch lies at a stage boundary)."""
+    try:
+        yield
+    except Exception as e:
+        raise RuntimeError(f"pipeline stage {stage} failed in {task}: {type(e).__name__}: {e}") \
+            from e
