@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -98,6 +98,8 @@ PEER_GRACE_SECONDS = 0.5  # how long a job waits for each peer ranked before thi
 API_SHUTDOWN_SECONDS = 10.0
 FINISHED = ("verified", "failed", "lost", "error", "expired", "skipped")
 REGISTER_GAS_ALLOWANCE = 150_000  # gas budgeted for `register` (measured: 72k)
+FINALIZE_WINDOW_BLOCKS = 256  # ComputeMarket.BLOCKHASH_WINDOW: a commit is finalised this long
+HELD_RETRY_MAX_DELAY = 2.0  # longest wait between tries for a job this worker holds
 ADMIN_TOKEN_ENV = "NEEDLE_NET_ADMIN_TOKEN"
 
 
@@ -181,6 +183,7 @@ class Worker:
         self._saved_block = self._next_block
         self._api_server = None
         self._withdrawing = False
+        self._withdraw_lock = threading.Lock()  # one requestWithdraw for calls that overlap
         self._min_stake = 0
 
     # -- persistence ------------------------------------------------------------------
@@ -277,19 +280,24 @@ class Worker:
 
     def request_withdraw(self) -> dict:
         """First call: stop claiming and request withdrawal of the stake; after the cooldown
-        (and with no active claim): withdraw it."""
-        stake, withdraw_block, active_claims = self.chain.worker_info(self.address)
-        if withdraw_block == 0:
-            self._withdrawing = True
-            receipt = self.chain.send("requestWithdraw")
-            available = self.chain.events_in(receipt, "WithdrawRequested")[0]["availableBlock"]
-            return {"requested": True, "available_block": available, "stake_wei": stake}
-        if self.chain.block_number() < withdraw_block or active_claims:
-            return {"requested": True, "available_block": withdraw_block, "stake_wei": stake,
-                    "active_claims": active_claims}
-        self.chain.send("withdraw")
-        self._stake_wei = 0
-        return {"withdrawn_wei": stake}
+        (and with no active claim): withdraw it. Calls are serialised (the API answers each
+        request on a thread of its own): a call that overlaps another reads the chain after
+        the other's transaction and answers as a repeat call, instead of sending it again
+        (a second requestWithdraw costs gas and restarts the cooldown)."""
+        with self._withdraw_lock:
+            stake, withdraw_block, active_claims = self.chain.worker_info(self.address)
+            if withdraw_block == 0:
+                self._withdrawing = True
+                receipt = self.chain.send("requestWithdraw")
+                available = self.chain.events_in(receipt,
+                                                 "WithdrawRequested")[0]["availableBlock"]
+                return {"requested": True, "available_block": available, "stake_wei": stake}
+            if self.chain.block_number() < withdraw_block or active_claims:
+                return {"requested": True, "available_block": withdraw_block,
+                        "stake_wei": stake, "active_claims": active_claims}
+            self.chain.send("withdraw")
+            self._stake_wei = 0
+            return {"withdrawn_wei": stake}
 
     # -- the job loop ----------------------------------------------------------------------
 
@@ -343,6 +351,53 @@ class Worker:
                 log.warning("transient error (%s), retrying in %.1fs", err, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _retry_held(self, last_block: int, fn, *args):
+        """Call fn for a job this worker holds (`last_block`: see `_last_block`), retrying
+        transient network errors for as long as the head the job loop saw last is not past
+        that block: giving up sooner let the claim expire (a 10 % stake cut) or left the
+        fee unpaid. An unreachable chain node is waited for (no head, no deadline known to
+        have passed). The outage is logged once, and its end; a stop request ends the
+        retries (a restart resumes the job, which the chain names as this worker's)."""
+        delay, outage_since = 0.1, None
+        while True:
+            try:
+                result = fn(*args)
+            except Exception as err:
+                if not is_transient(err) or self._head > last_block or self._stop.is_set():
+                    raise
+                self.metrics.chain_errors.inc()
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    log.warning("chain node or blob store unreachable (%s) during %s for a "
+                                "job this worker holds; retrying until block %d", err,
+                                fn.__name__, last_block)
+                self._stop.wait(delay)
+                delay = min(delay * 2, HELD_RETRY_MAX_DELAY)
+                continue
+            if outage_since is not None:
+                log.info("%s for a job this worker holds went through after %.0f s",
+                         fn.__name__, time.monotonic() - outage_since)
+            return result
+
+    @staticmethod
+    def _last_block(job: Job) -> int | None:
+        """The last block in which the next transaction for `job` still counts if this
+        worker holds it: its commit by the claim's deadline, its finalisation within
+        FINALIZE_WINDOW_BLOCKS of the commit. None for a job it does not hold (yet)."""
+        if job.status == JOB_CLAIMED:
+            return job.deadline
+        if job.status == JOB_COMMITTED:
+            return job.commit_block + FINALIZE_WINDOW_BLOCKS
+        return None
+
+    def _retry_for(self, job: Job, fn, *args):
+        """fn(*args) on `job`'s path: retried until its deadline if this worker holds it
+        (`_retry_held`), else a bounded number of times (`_retry`)."""
+        last_block = self._last_block(job)
+        if last_block is None:
+            return self._retry(fn, *args)
+        return self._retry_held(last_block, fn, *args)
 
     def _connect(self) -> Market:
         """The market at `rpc_url`. A node that does not answer yet is retried with backoff
@@ -557,24 +612,27 @@ class Worker:
         self.metrics.in_flight.inc(len(records))
         self._pool.submit(self._process_batch, records, jobs)
 
-    def _try_claim(self, record: JobRecord) -> bool:
-        """Claim the job; False if another worker has it. A revert may also mean that an
-        earlier send of this claim, whose answer a network error lost, was mined before its
-        retry: the job is then this worker's, and dropping it would let it expire (a 10 %
-        stake cut)."""
+    def _try_claim(self, record: JobRecord) -> int | None:
+        """Claim the job: the claim's deadline (the last block its commit may land in); None
+        if another worker has it. A revert may also mean that an earlier send of this claim,
+        whose answer a network error lost, was mined before its retry: the job is then this
+        worker's, and dropping it would let it expire (a 10 % stake cut)."""
         try:
-            self._retry(self.chain.send_with_gas, CLAIM_GAS, "claimJob", record.job_id)
+            receipt = self._retry(self.chain.send_with_gas, CLAIM_GAS, "claimJob",
+                                  record.job_id)
+            deadline = self.chain.events_in(receipt, "JobClaimed")[0]["deadline"]
         except TxReverted as err:
             job = self._retry(self.chain.job, record.job_id)
             if job.worker != self.address or job.status != JOB_CLAIMED:
                 log.info("claim of job %d lost: %s", record.job_id, err)
                 with self._lock:
                     self.jobs.remove(record)
-                return False
+                return None
             log.info("job %d: claimed by an earlier send of this claim", record.job_id)
+            deadline = job.deadline
         self._set_stage(record, "claimed")
         self.metrics.jobs.labels("claimed").inc()
-        return True
+        return deadline
 
     def _process(self, record: JobRecord, job: Job, start: str) -> None:
         """Take a job from `start` (claim, compute or finalize) to its verdict. Operands are
@@ -594,9 +652,13 @@ class Worker:
                     c = self._compute(record, job, *operands)
                     if c is None:
                         return
-                if start == "claim" and not self._try_claim(record):
-                    return
-                self._compute_and_commit(record, job, *operands, c)
+                if start == "claim":
+                    deadline = self._try_claim(record)
+                    if deadline is None:
+                        return
+                    job = replace(job, worker=self.address, status=JOB_CLAIMED,
+                                  deadline=deadline)
+                job = self._compute_and_commit(record, job, *operands, c)
             self._finalize(record, job)
         except TxReverted as err:
             log.warning("job %d: transaction reverted: %s", record.job_id, err)
@@ -649,8 +711,11 @@ class Worker:
             early = self.chain.sign_with_gas(gas, "finalizeJobs", ids)
             # sent with one long poll for both receipts, answered with the finalisation's
             # block: the node then answers two requests fewer per block while the next
-            # block seals (a retry sends the same transaction: never a second finalisation)
-            receipt, finalized = self._retry(self.chain.send_signed_after, [commit], early)
+            # block seals (a retry sends the same transaction: never a second finalisation);
+            # the commit lands after block `since`, so its finalisation counts until at least
+            # since + FINALIZE_WINDOW_BLOCKS
+            receipt, finalized = self._retry_held(since + FINALIZE_WINDOW_BLOCKS,
+                                                  self.chain.send_signed_after, [commit], early)
             mark("worker receipts")
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
@@ -760,8 +825,8 @@ class Worker:
         """A and B from the blob store; OperandError unless they are what the job declares
         (shapes, dtype for its precision class, finite floats): the chain cancels a job
         whose operands are not, so computing and committing it would earn nothing."""
-        a = self._retry(self.chain.get_array, job.a_id)
-        b = self._retry(self.chain.get_array, job.b_id)
+        a = self._retry_for(job, self.chain.get_array, job.a_id)
+        b = self._retry_for(job, self.chain.get_array, job.b_id)
         compute.check_operands(a, b, (job.batch, job.m, job.k, job.n), job.precision == 0)
         return a, b
 
@@ -799,15 +864,16 @@ class Worker:
         the commit's sending (`t0`): both are confirmed together."""
         verdicts = self.chain.verdicts_in(finalized)
         again = [(r, j) for r, j in committed if j.job_id not in verdicts]
+        last_block = commit_block + FINALIZE_WINDOW_BLOCKS
         if again:
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in again)
-            receipt = self._retry(self.chain.send_with_gas, gas, "finalizeJobs",
-                                  [j.job_id for _, j in again])
+            receipt = self._retry_held(last_block, self.chain.send_with_gas, gas,
+                                       "finalizeJobs", [j.job_id for _, j in again])
             verdicts.update(self.chain.verdicts_in(receipt))
         self.metrics.stage_latency.labels("finalize").observe(time.perf_counter() - t0)
         for record, job in committed:
-            verdict = verdicts.get(job.job_id) or self._retry(
-                self.chain.verdict, job.job_id, self.address, commit_block)
+            verdict = verdicts.get(job.job_id) or self._retry_held(
+                last_block, self.chain.verdict, job.job_id, self.address, commit_block)
             self._record_verdict(record, verdict, save=False)
         self._save_state()
 
@@ -830,9 +896,10 @@ class Worker:
             return None
 
     def _compute_and_commit(self, record: JobRecord, job: Job, a: np.ndarray,
-                            b: np.ndarray, c: np.ndarray | None = None) -> None:
-        """Compute C (unless given, computed before the claim), upload it and commit it.
-        A C holding Inf or NaN is never committed: the chain would slash it."""
+                            b: np.ndarray, c: np.ndarray | None = None) -> Job:
+        """Compute C (unless given, computed before the claim), upload it and commit it:
+        the job as committed. A C holding Inf or NaN is never committed: the chain would
+        slash it."""
         if self.config.stall_after_claim:
             self._stop.wait(self.config.stall_after_claim)
         self._set_stage(record, "computing")
@@ -841,41 +908,47 @@ class Worker:
         if self.config.corrupt_results:
             c = compute.corrupt(c, self._rng)
         t2 = time.perf_counter()
-        c_id = self._retry(self.chain.put_array, c)
+        c_id = self._retry_for(job, self.chain.put_array, c)
         t3 = time.perf_counter()
         self.metrics.stage_latency.labels("upload").observe(t3 - t2)
         try:
-            self._retry(self.chain.send_with_gas, COMMIT_GAS, "commitResult", job.job_id, c_id)
+            receipt = self._retry_for(job, self.chain.send_with_gas, COMMIT_GAS,
+                                      "commitResult", job.job_id, c_id)
+            committed = replace(job, status=JOB_COMMITTED, commit_block=receipt["blockNumber"])
         except TxReverted:  # the retry of a send whose answer was lost, but which landed?
-            if not self._committed_by_me(self._retry(self.chain.job, job.job_id)):
+            committed = self._retry_for(job, self.chain.job, job.job_id)
+            if not self._committed_by_me(committed):
                 raise
             log.info("job %d: committed by an earlier send of this commit", job.job_id)
         self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t3)
         self.metrics.jobs.labels("committed").inc()
         self._set_stage(record, "committed")
+        return committed
 
     def _finalize(self, record: JobRecord, job: Job) -> None:
-        """Finalise (someone else may beat us to it) and record the verdict."""
+        """Finalise `job` (as committed; someone else may beat us to it) and record the
+        verdict."""
         t0 = time.perf_counter()
         deadline = time.time() + self.config.finalize_timeout
         verdict, commit_block = None, 0
         while time.time() < deadline:
-            current = self._retry(self.chain.job, job.job_id)
+            current = self._retry_for(job, self.chain.job, job.job_id)
             commit_block = current.commit_block or commit_block
             if current.status != JOB_COMMITTED or current.worker != self.address:
                 break
             try:
                 # Fixed gas, no estimate: sent right after the commit, the transaction lands
                 # in the next block, the first one where finalising is allowed.
-                receipt = self._retry(self.chain.send_with_gas, finalize_gas(job), "finalize",
-                                      job.job_id)
+                receipt = self._retry_for(job, self.chain.send_with_gas, finalize_gas(job),
+                                          "finalize", job.job_id)
                 verdict = self.chain.verdicts_in(receipt).get(job.job_id)
                 break
             except TxReverted:
                 self.chain.wait_for_block(self.chain.block_number() + 1, 1.0)
         self.metrics.stage_latency.labels("finalize").observe(time.perf_counter() - t0)
         if verdict is None:  # finalised by someone else, or not at all
-            verdict = self._retry(self.chain.verdict, job.job_id, self.address, commit_block)
+            verdict = self._retry_for(job, self.chain.verdict, job.job_id, self.address,
+                                      commit_block)
         self._record_verdict(record, verdict)
 
     def _record_verdict(self, record: JobRecord, verdict: Verdict | None,
