@@ -9,22 +9,37 @@ import numpy as np
 
 from needle.autograd import Tensor
 from needle.backend_ndarray import NDArray
+from needle.init.init_basic import check_number
+
+PARAM_COUNT = "num_params"  # state_dict's entry for the length of the parameter list
 
 
 def _array(t: Tensor) -> NDArray:
     return t.realize_cached_data()
 
 
-def _require(values: dict, name: str, low: float, high: float = math.inf,
-             low_open: bool = False) -> None:
-    """values[name] must lie in [low, high) ((low, high) if low_open); NaN never does."""
-    value = values[name]
-    if not ((low < value if low_open else low <= value) and value < high):
-        interval = f"{'(' if low_open else '['}{low}, {high})"
-        raise ValueError(f"{name} must lie in {interval}, got {value}")
+def _scalar(key: str, value: np.ndarray) -> float:
+    """A saved setting or count as a Python number (int stays int: t, counts)."""
+    value = np.asarray(value)
+    if value.ndim != 0 or value.dtype.kind not in "iuf":
+        raise ValueError(f"optimizer setting {key!r} is not a number: {value!r}")
+    return value.item()
+
+
+def _check_lr(lr: float) -> None:
+    """One rule for lr, given to the constructor, set by a schedule or loaded."""
+    check_number("lr", lr, 0.0)
+
+
+def _check_steps(name: str, steps: int) -> None:
+    """A schedule's period: a whole number (NaN or 2.5 would only fail, or skew, at step())."""
+    if isinstance(steps, bool) or not float(steps).is_integer() or steps < 1:
+        raise ValueError(f"{name} must be at least 1 (a whole number of steps), got {steps!r}")
 
 
 class Optimizer:
+    settings: tuple[str, ...] = ("lr",)  # saved by state_dict and restored by load_state_dict
+
     def __init__(self, params, lr: float):
         if isinstance(params, Tensor):  # iterating a Tensor yields row copies, not parameters
             raise TypeError("params must be an iterable of Tensors, not a single Tensor")
@@ -36,10 +51,23 @@ class Optimizer:
             raise ValueError("params holds a parameter more than once; it would be updated twice")
         self.lr = lr
 
-    def _check_settings(self, values: dict) -> None:
+    @property
+    def lr(self) -> float:
+        """Checked on every assignment (a schedule's, one by hand): NaN would reach every weight."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, lr: float) -> None:
+        _check_lr(lr)
+        self._lr = lr
+
+    def _setting_values(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in self.settings}
+
+    def _check_settings(self, values: dict[str, float]) -> None:
         """Raise ValueError for hyper-parameters the update rule cannot use (also for loaded
         state, checked before it is applied)."""
-        _require(values, "lr", 0.0)
+        _check_lr(values["lr"])
 
     def step(self) -> None:
         raise NotImplementedError
@@ -49,26 +77,32 @@ class Optimizer:
             p.grad = None
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Hyper-parameters and per-parameter state, keyed `<slot>.<parameter index>`."""
-        state = {"lr": np.array(self.lr)}
+        """Hyper-parameters (all of them, as PyTorch's param_groups: a resumed run must not go on
+        with other betas), the parameter count and per-parameter state keyed
+        `<slot>.<parameter index>`."""
+        state = {name: np.array(value) for name, value in self._setting_values().items()}
+        state[PARAM_COUNT] = np.array(len(self.params))
         for slot, arrays in self._slots().items():
             for i, value in arrays.items():
                 state[f"{slot}.{i}"] = value.numpy()
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """Checks every entry before changing anything, so a bad state leaves this intact."""
+        """Restores what state_dict saved; a setting the state lacks (saved before settings were)
+        keeps this optimiser's value. Checks every entry before changing anything, so a bad
+        state leaves this intact."""
+        if PARAM_COUNT in state:  # states saved before it was can only be checked by index
+            count = _scalar(PARAM_COUNT, state[PARAM_COUNT])
+            if count != len(self.params):
+                raise ValueError(
+                    f"optimizer state is for {count} parameters, this {type(self).__name__} "
+                    f"has {len(self.params)}: its per-parameter state would go to the wrong ones"
+                )
         slots = self._slots()
-        settings, arrays = {}, []
-        for key, value in state.items():
+        arrays = []
+        for key, value in state.items():  # before settings: another optimiser's slot names it
             slot, _, index = key.partition(".")
             if not index:
-                if not isinstance(getattr(self, slot, None), (int, float)):
-                    raise KeyError(f"{type(self).__name__} has no setting {key!r}")
-                value = np.asarray(value)
-                if value.ndim != 0 or value.dtype.kind not in "iuf":
-                    raise ValueError(f"optimizer setting {key!r} is not a number: {value!r}")
-                settings[slot] = value.item()  # keeps int and float apart (t, lr)
                 continue
             if slot not in slots or not index.isdigit() or int(index) >= len(self.params):
                 raise KeyError(f"{type(self).__name__} state has no entry {key!r}")
@@ -79,8 +113,16 @@ class Optimizer:
                     f"parameter {index} has shape {tuple(param.shape)}"
                 )
             arrays.append((slots[slot], int(index), NDArray(value, device=param.device)))
-        self._check_settings({**vars(self), **settings})
-        for name, value in settings.items():
+        loaded = {}
+        for key, value in state.items():
+            if "." in key or key == PARAM_COUNT:
+                continue
+            if key not in self.settings:
+                raise KeyError(f"{type(self).__name__} has no setting {key!r} (it has "
+                               f"{', '.join(self.settings)}: another optimiser's state?)")
+            loaded[key] = _scalar(key, value)
+        self._check_settings({**self._setting_values(), **loaded})
+        for name, value in loaded.items():
             setattr(self, name, value)
         for slot in slots.values():  # replaced, not merged: stale entries would skew the update
             slot.clear()
@@ -106,17 +148,19 @@ class SGD(Optimizer):
     """SGD with CMU needle's momentum, u = momentum u + (1 - momentum) g, and L2 weight decay
     added to the gradient."""
 
+    settings = ("lr", "momentum", "weight_decay")
+
     def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0):
         super().__init__(params, lr)
         self.momentum = momentum
         self.weight_decay = weight_decay
-        self._check_settings(vars(self))
+        self._check_settings(self._setting_values())
         self.u: dict[int, NDArray] = {}
 
-    def _check_settings(self, values: dict) -> None:
+    def _check_settings(self, values: dict[str, float]) -> None:
         super()._check_settings(values)
-        _require(values, "momentum", 0.0, 1.0)  # at 1 the dampened buffer never moves from 0
-        _require(values, "weight_decay", 0.0)
+        check_number("momentum", values["momentum"], 0.0, 1.0)  # at 1 the buffer stays 0
+        check_number("weight_decay", values["weight_decay"], 0.0)
 
     def _slots(self):
         return {"u": self.u}
@@ -145,6 +189,8 @@ class Adam(Optimizer):
     parameter gets a gradient every step, the two agree.
     """
 
+    settings = ("lr", "beta1", "beta2", "eps", "weight_decay", "t")
+
     def __init__(self, params, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
         self.beta1 = beta1
@@ -152,18 +198,18 @@ class Adam(Optimizer):
         self.eps = eps
         self.weight_decay = weight_decay
         self.t = 0
-        self._check_settings(vars(self))
+        self._check_settings(self._setting_values())
         self.m: dict[int, NDArray] = {}
         self.v: dict[int, NDArray] = {}
         self.steps: dict[int, int] = {}  # per parameter index: updates of its m and v
 
-    def _check_settings(self, values: dict) -> None:
+    def _check_settings(self, values: dict[str, float]) -> None:
         super()._check_settings(values)
-        _require(values, "beta1", 0.0, 1.0)  # at 1 the bias correction divides by zero
-        _require(values, "beta2", 0.0, 1.0)
-        _require(values, "eps", 0.0, low_open=True)  # 0 makes a zero gradient 0/0 = NaN
-        _require(values, "weight_decay", 0.0)
-        _require(values, "t", 0)
+        check_number("beta1", values["beta1"], 0.0, 1.0)  # at 1 bias correction divides by 0
+        check_number("beta2", values["beta2"], 0.0, 1.0)
+        check_number("eps", values["eps"], 0.0, low_open=True)  # 0: a zero gradient gives 0/0
+        check_number("weight_decay", values["weight_decay"], 0.0)
+        check_number("t", values["t"], 0)
         if not float(values["t"]).is_integer():  # a step count: 2.5 would skew bias correction
             raise ValueError(f"t must be a whole number of steps, got {values['t']}")
 
@@ -171,10 +217,10 @@ class Adam(Optimizer):
         return {"m": self.m, "v": self.v}
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Adds `t` and, for a parameter whose moments had fewer updates than t, `t.<index>`
-        (so a run where every parameter always has a gradient saves what CMU's Adam does)."""
+        """Adds, for a parameter whose moments had fewer updates than t, `t.<index>` (so a run
+        where every parameter always has a gradient saves no such entries)."""
         counts = {f"t.{i}": np.array(n) for i, n in self.steps.items() if n != self.t}
-        return {**super().state_dict(), "t": np.array(self.t), **counts}
+        return {**super().state_dict(), **counts}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """A parameter's moments without its `t.<index>` count `t` steps (all of them, as in
@@ -192,10 +238,7 @@ class Adam(Optimizer):
             )
         if has_m and "t" not in state:  # bias correction would restart from step 1
             raise ValueError("Adam state has moments but no step count 't'")
-        t = np.asarray(state.get("t", self.t))
-        if t.ndim != 0 or t.dtype.kind not in "iuf":
-            raise ValueError(f"optimizer setting 't' is not a number: {t!r}")
-        t = t.item()
+        t = _scalar("t", state.get("t", self.t))
         orphans = sorted(set(counts) - has_m)
         if orphans:
             raise KeyError(f"Adam state has a step count 't.{orphans[0]}' but no moments for it")
@@ -233,9 +276,8 @@ class StepLR:
     """lr = base_lr * gamma ** (steps // step_size); call step() once per epoch (or batch)."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1):
-        if step_size < 1:
-            raise ValueError(f"step_size must be at least 1, got {step_size}")
-        _require({"gamma": gamma}, "gamma", 0.0)  # a negative one flips lr: gradient ascent
+        _check_steps("step_size", step_size)
+        check_number("gamma", gamma, 0.0)  # a negative one flips lr: gradient ascent
         self.optimizer = optimizer
         self.step_size = step_size
         self.gamma = gamma
@@ -251,9 +293,8 @@ class CosineLR:
     """Cosine decay from base_lr to min_lr over total_steps calls of step(), then flat."""
 
     def __init__(self, optimizer: Optimizer, total_steps: int, min_lr: float = 0.0):
-        if total_steps < 1:
-            raise ValueError(f"total_steps must be at least 1, got {total_steps}")
-        _require({"min_lr": min_lr}, "min_lr", 0.0)  # the lr the optimiser would refuse
+        _check_steps("total_steps", total_steps)
+        check_number("min_lr", min_lr, 0.0)  # the lr the optimiser would refuse
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.min_lr = min_lr

@@ -121,7 +121,9 @@ def test_optimizer_state_round_trip_continues_identically(device):
     for _ in range(3):
         step(opt)
     saved_params, saved_state = layer.state_dict(), opt.state_dict()
-    assert saved_state["t"] == 3 and sorted(saved_state) == ["lr", "m.0", "m.1", "t", "v.0", "v.1"]
+    assert saved_state["t"] == 3 and sorted(saved_state) == [
+        "beta1", "beta2", "eps", "lr", "m.0", "m.1", "num_params", "t", "v.0", "v.1",
+        "weight_decay"]
     step(opt)
     after_one_more = layer.weight.numpy().copy()
     layer.load_state_dict(saved_params)

@@ -148,7 +148,8 @@ def test_adam_state_of_parameters_stepping_every_time_keeps_its_keys():
             p.grad = ndl.Tensor(np.ones(p.shape, np.float32), device=CPU)
         opt.step()
     state = opt.state_dict()
-    assert sorted(state) == ["lr", "m.0", "m.1", "t", "v.0", "v.1"]
+    assert sorted(state) == ["beta1", "beta2", "eps", "lr", "m.0", "m.1", "num_params", "t",
+                             "v.0", "v.1", "weight_decay"]
     fresh = optim.Adam(params, lr=0.01)
     fresh.load_state_dict(state)
     assert fresh.state_dict().keys() == state.keys()

@@ -1,7 +1,26 @@
 """Basic random and constant tensors; randomness comes from numpy's global generator via the
 device, so `np.random.seed` makes every initialiser reproducible."""
+import math
+import numbers
+
 import needle as ndl
 from needle.backend_ndarray.ndarray import _star_shape
+
+
+def check_number(name: str, value: float, low: float = -math.inf, high: float = math.inf,
+                 low_open: bool = False, high_open: bool = True) -> None:
+    """Refuse a setting that is not a finite real number in [low, high) (the flags open or close
+    either end): NaN compares false and would pass a bare `value < high`, and True is an int.
+    The one check behind initialiser arguments and optimiser settings, so each names the
+    setting the same way wherever it is given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, not {type(value).__name__}: {value!r}")
+    above = low < value if low_open else low <= value
+    below = value < high if high_open else value <= high
+    if not (math.isfinite(value) and above and below):
+        left = "(" if low_open or low == -math.inf else "["
+        right = ")" if high_open or high == math.inf else "]"
+        raise ValueError(f"{name} must lie in {left}{low}, {high}{right}, got {value}")
 
 
 def _device(device):
@@ -11,6 +30,8 @@ def _device(device):
 
 def rand(*shape, low=0.0, high=1.0, device=None, dtype="float32", requires_grad=False):
     """Uniform samples in [low, high)."""
+    check_number("low", low)
+    check_number("high", high, low, high_open=False)  # low == high: the constant low
     device = _device(device)
     array = device.rand(*shape, dtype=dtype) * (high - low) + low
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
@@ -18,6 +39,8 @@ def rand(*shape, low=0.0, high=1.0, device=None, dtype="float32", requires_grad=
 
 def randn(*shape, mean=0.0, std=1.0, device=None, dtype="float32", requires_grad=False):
     """Gaussian samples with the given mean and standard deviation."""
+    check_number("mean", mean)
+    check_number("std", std, 0.0)  # NaN would fill the tensor with NaN
     device = _device(device)
     array = device.randn(*shape, dtype=dtype) * std + mean
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
@@ -44,6 +67,7 @@ def zeros(*shape, device=None, dtype="float32", requires_grad=False):
 
 def randb(*shape, p=0.5, device=None, dtype="float32", requires_grad=False):
     """Bernoulli(p) samples as 0.0/1.0 (1 with probability p), e.g. dropout masks."""
+    check_number("p", p, 0.0, 1.0, high_open=False)  # NaN would give all zeros, 1.5 all ones
     device = _device(device)
     array = device.rand(*shape) <= p
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
