@@ -100,3 +100,20 @@ def test_launch_env_lets_open_mpi_run_as_root_unbound_and_keeps_what_is_set():
     as_root = os.geteuid() == 0
     assert ("OMPI_ALLOW_RUN_AS_ROOT" in env) == as_root
     assert ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM" in env) == as_root
+
+
+def test_launch_env_drops_what_an_open_mpi_singleton_left_in_the_parent():
+    """The variables Open MPI 4.1 set in a process that used mpi4py without mpiexec (taken from
+    one on the GPU hosts): inherited, they made the next mpiexec exit 1 silently, so every
+    parallel test after one that initialised MPI in-process failed there. The user's own MCA
+    settings stay."""
+    singleton = {"OMPI_MCA_ess": "singleton", "OMPI_MCA_orte_ess_num_procs": "1",
+                 "OMPI_MCA_orte_launch": "1", "OMPI_MCA_pmix": "^s1,s2,cray,isolated",
+                 "OMPI_APP_CTX_NUM_PROCS": "1", "ORTE_SCHIZO_DETECTION": "ORTE",
+                 "PMIX_RANK": "0", "PMIX_NAMESPACE": "2032074753",
+                 "PMIX_SERVER_URI21": "2032074752.0;tcp4://127.0.0.1:44201"}
+    mine = {"PATH": "/bin", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader"}
+    env = launch_env({**singleton, **mine})
+    assert not set(singleton) & set(env)
+    assert {key: env[key] for key in mine} == mine
+    assert launch_env({"PMIX_RANK": "3", **mine})["PMIX_RANK"] == "3"  # not a singleton's

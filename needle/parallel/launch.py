@@ -43,14 +43,25 @@ def launch_command(nprocs: int, script: str, args: list[str]) -> list[str]:
     return [launcher, "-n", str(nprocs), sys.executable, "-m", "mpi4py", script, *args]
 
 
+# What Open MPI's singleton (MPI initialised in a process not started by mpiexec) puts in its
+# process's environment, whence its children inherit it: an mpiexec started with these
+# takes itself for a rank of that singleton and exits 1 without a word (Open MPI 4.1)
+SINGLETON_PREFIXES = ("PMIX_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix",
+                      "OMPI_APP_CTX_", "ORTE_SCHIZO_")
+
+
 def launch_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """`base` (default: this process's environment) with what Open MPI needs here.
 
     Open MPI refuses to start as root (containers, the GPU machines) and binds each
     rank to one core, which starves the CPU backend's OpenMP threads and NCCL's proxy
-    thread; MPICH ignores these variables. Values already set are kept.
+    thread; MPICH ignores these variables. Values already set are kept, except those an
+    Open MPI singleton in a parent process left (a test run or notebook that used mpi4py).
     """
     env = dict(os.environ if base is None else base)
+    if env.get("OMPI_MCA_ess") == "singleton":
+        env = {key: value for key, value in env.items()
+               if not key.startswith(SINGLETON_PREFIXES)}
     env.setdefault("OMPI_MCA_hwloc_base_binding_policy", "none")
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
