@@ -119,3 +119,19 @@ def test_attention_layer_head_sizes_must_be_positive_ints(num_head, dim_head, na
     with pytest.raises(ValueError, match=f"AttentionLayer: {name} must be a positive int, "
                                          f"got {value}"):
         nn.AttentionLayer(8, num_head, dim_head)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, 1e30])
+def test_ids_beyond_int64_are_refused_as_such(bad, device):
+    """inf or 1e30 as an embedding index or label was cast to -2^63 (with numpy's "invalid
+    value in cast" warning) and then reported as an index of -9223372036854775808."""
+    import warnings
+
+    ids = tensor([[1.0], [bad]], device, requires_grad=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="Embedding indices must be integers within "
+                                             "int64's range, got -?(inf|1.0+\\d*e\\+30)"):
+            nn.Embedding(5, 3, device=device)(ids)
+        with pytest.raises(ValueError, match="labels must be integers within int64's range"):
+            nn.SoftmaxLoss()(tensor(np.zeros((2, 3)), device), ids.reshape((2,)))

@@ -93,3 +93,25 @@ def test_bad_batches_are_refused():
         pipe.forward_backward(np.zeros((8, 12), np.float32), y, nn.SoftmaxLoss())
     with pytest.raises(ValueError, match="micro_batches must be at least 1"):
         Pipeline(make_stages(seed=0), [ndl.cpu(), ndl.cpu()], micro_batches=0)
+
+
+def test_a_weight_tied_between_stages_is_one_parameter_with_both_gradients():
+    """A weight two stages share (tied embeddings, say) was listed twice, so an optimiser
+    refused the list; its gradient is the sum of both stages' contributions."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = np.array([0, 1, 2, 3, 0, 1], np.float32)
+    first, last = nn.Linear(4, 4, device=CPU), nn.Linear(4, 4, device=CPU)
+    last.weight = first.weight
+    pipe = Pipeline([first, nn.Sequential(nn.Tanh(), last)], [CPU, CPU], micro_batches=3)
+    assert [id(p) for p in pipe.parameters()] == [id(first.weight), id(first.bias),
+                                                 id(last.bias)]
+    pipe.forward_backward(x, y, nn.SoftmaxLoss())
+    got = [p.grad.numpy() for p in pipe.parameters()]
+    whole = nn.Sequential(first, nn.Tanh(), last)
+    for p in whole.parameters():
+        p.grad = None
+    nn.SoftmaxLoss()(whole(ndl.Tensor(x, device=CPU)), ndl.Tensor(y, device=CPU)).backward()
+    for g, p in zip(got, whole.parameters(), strict=True):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+    ndl.optim.SGD(pipe.parameters(), lr=0.1).step()  # refused before: a parameter twice

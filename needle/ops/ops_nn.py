@@ -77,6 +77,9 @@ def integer_ids(ids: Tensor, what: str) -> np.ndarray:
     values = ids.numpy()
     if not np.array_equal(values, np.round(values)):
         raise ValueError(f"{what} must be integers, got {values.ravel()[:8]}")
+    if values.size and not np.abs(values).max() < 2.0**63:  # inf: a cast would give -2^63
+        raise ValueError(f"{what} must be integers within int64's range, got "
+                         f"{values.ravel()[np.abs(values.ravel()).argmax()]}")
     return values.astype(np.int64)
 
 

@@ -94,8 +94,10 @@ class Pipeline:
             place(self.stages[s], self.devices[s])
 
     def parameters(self) -> list[Parameter]:
-        """Parameters of the stages this process runs."""
-        return [p for s in self.local for p in self.stages[s].parameters()]
+        """Parameters of the stages this process runs, each once: a weight tied between two
+        stages gets the sum of both stages' gradients, and one optimiser update."""
+        unique = {id(p): p for s in self.local for p in self.stages[s].parameters()}
+        return list(unique.values())
 
     def forward_backward(self, x: np.ndarray, y: np.ndarray, loss_fn: LossFn) -> float:
         """One GPipe step; leaves the batch-mean gradient in each local parameter's `.grad`.
