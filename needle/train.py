@@ -307,8 +307,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log", help="write per-epoch metrics to this .csv or .json file")
     p.add_argument("--plot", help="write a PNG of the training curves to this file")
     p.add_argument("--save", help="write a checkpoint (model + optimizer) here after each epoch")
-    p.add_argument("--resume", help="go on from a --save checkpoint (model, optimizer, epochs "
-                   "done): the same command with --resume continues an interrupted run")
+    p.add_argument("--resume", help="go on from a --save checkpoint (model, optimizer with its "
+                   "settings, which win over --lr/--momentum/--weight-decay, epochs done): the "
+                   "same command with --resume continues an interrupted run")
     args = p.parse_args(argv)
     for flag in ("save", "log", "plot"):  # fail now, not after the training they would record
         path = getattr(args, flag)
