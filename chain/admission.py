@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 BLOB_TX_TYPE = 3
 SET_CODE_TX_TYPE = 4
 MIN_WORKER_BATCH = 16  # fewer raw transactions are decoded in the caller's process
+# geth's txMaxSize: the largest legitimate ones (a 256-job submitJobs, EIP-3860's largest
+# initcode) are under half of it; a pending transaction is held in memory, and without a
+# limit one sender's 1024 future nonces could hold gigabytes (a body may be 64 MiB)
+MAX_TX_BYTES = 128 * 1024
 
 
 class TxRejected(ValueError):
@@ -55,9 +59,11 @@ def calldata_floor_gas(data: bytes) -> int:
 
 
 def decode_transaction(raw: bytes) -> SignedTransactionAPI:
-    """A signed transaction from its raw bytes, checked on its own (type, signature values,
-    fee caps, chain id) with its sender recovered and cached; TxRejected says what is
+    """A signed transaction from its raw bytes, checked on its own (size, type, signature
+    values, fee caps, chain id) with its sender recovered and cached; TxRejected says what is
     wrong."""
+    if len(raw) > MAX_TX_BYTES:
+        raise TxRejected(f"oversized transaction: {len(raw)} bytes, the limit is {MAX_TX_BYTES}")
     try:
         tx = PragueTransactionBuilder.decode(raw)
     except Exception as exc:

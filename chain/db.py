@@ -57,17 +57,36 @@ def lock_data_dir(data_dir: Path) -> TextIO:
         raise DataDirError(f"cannot use data dir {data_dir}: {exc.strerror}") from exc
 
 
+def unreadable(path: str | PathLike, error: sqlite3.DatabaseError) -> DataDirError:
+    """The error for a database file sqlite cannot read (not sqlite, truncated, damaged):
+    it names the file, where a traceback would not."""
+    return DataDirError(f"database {path} cannot be read ({error}): it is damaged, truncated "
+                        "or not a chain database")
+
+
+def _connect(path: str | PathLike) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL) "
+                     "WITHOUT ROWID")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 class SqliteDB(BaseDB):
-    """A py-evm ``BaseDB`` over one sqlite table, with an in-memory write buffer."""
+    """A py-evm ``BaseDB`` over one sqlite table, with an in-memory write buffer. A file sqlite
+    cannot open is a ``DataDirError`` naming it."""
 
     def __init__(self, path: str | PathLike) -> None:
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL) "
-            "WITHOUT ROWID"
-        )
+        self.path = path
+        try:
+            self._conn = _connect(path)
+        except sqlite3.DatabaseError as exc:
+            raise unreadable(path, exc) from None
         self._pending: dict[bytes, bytes | None] = {}
         self._cache: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
@@ -109,6 +128,11 @@ class SqliteDB(BaseDB):
         if key in self._pending:
             return self._pending[key] is not None
         return self._read(key) is not None
+
+    def holds_data(self) -> bool:
+        """Whether anything was ever stored (a database without a head is then damaged)."""
+        with self._lock:
+            return self._conn.execute("SELECT 1 FROM kv LIMIT 1").fetchone() is not None
 
     def flush(self) -> int:
         """Write every buffered change in one transaction; returns how many keys changed."""

@@ -10,6 +10,7 @@ in one transaction.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -33,7 +34,7 @@ from chain.admission import (
 )
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES, BlobStore
 from chain.consensus import verified_work, work_seal
-from chain.db import DATABASE_FILE, SqliteDB, lock_data_dir
+from chain.db import DATABASE_FILE, DataDirError, SqliteDB, lock_data_dir, unreadable
 from chain.genesis import genesis_params, genesis_state
 from chain.params import REWARD_POOL_ADDRESS
 from chain.timeline import mark
@@ -68,6 +69,9 @@ class NodeConfig:
     # decode and recover the senders of batched raw transactions in a second process
     # (started at the first batch of chain.admission.MIN_WORKER_BATCH or more)
     decode_process: bool = True
+    # pending transactions beyond which only ones the next block can take are admitted: one
+    # behind a nonce gap costs nothing until mined, so senders could pile them up unbounded
+    max_pending: int = 1 << 14
 
 
 @dataclass
@@ -105,6 +109,13 @@ class Mempool:
         return len(self.by_hash)
 
 
+def next_nonce(nonce: int, pending: dict[int, SignedTransactionAPI]) -> int:
+    """The first nonce from `nonce` on that a sender's pending transactions leave free."""
+    while nonce in pending:
+        nonce += 1
+    return nonce
+
+
 class Node:
     """A single block-producing node over a data directory, which it locks until ``stop``
     (``chain.db.DataDirError`` if another node holds it)."""
@@ -112,18 +123,20 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self._data_dir_lock = lock_data_dir(config.data_dir)
-        self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes)
-        if discarded := self.blobs.discard_partial_uploads():  # the data dir is ours alone
-            log.info("discarded %d partial blob uploads left by an earlier run", discarded)
-        self.db = SqliteDB(config.data_dir / DATABASE_FILE)
-        chain_class = build_chain_class(self.blobs, fast=config.fast_execution)
-        base_db = AtomicDB(self.db)
         try:
-            ChainDB(base_db).get_canonical_head()
-            self.chain: Chain = chain_class(base_db)
-        except CanonicalHeadNotFound:
-            self.chain = chain_class.from_genesis(base_db, genesis_params(), genesis_state())
-            self.db.flush()
+            self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes)
+            if discarded := self.blobs.discard_partial_uploads():  # the data dir is ours alone
+                log.info("discarded %d partial blob uploads left by an earlier run", discarded)
+            self.db = SqliteDB(config.data_dir / DATABASE_FILE)
+        except BaseException:
+            self._data_dir_lock.close()
+            raise
+        try:
+            self.chain: Chain = self._load_chain(
+                build_chain_class(self.blobs, fast=config.fast_execution))
+        except BaseException:
+            self._release_data_dir()
+            raise
         # lock order: the chain's lock, then the mempool's; admission takes only the latter
         self.lock = threading.RLock()
         self.mempool = Mempool()
@@ -147,6 +160,25 @@ class Node:
         self._admitting = 0  # admissions in progress (read by the producer)
         self._admissions = threading.Lock()
 
+    def _load_chain(self, chain_class: type[Chain]) -> Chain:
+        """The stored chain, or a new one from genesis in an empty database. A database sqlite
+        cannot read, or one that holds data but no head, is a DataDirError naming the file:
+        writing a genesis over it would silently reset the chain."""
+        base_db = AtomicDB(self.db)
+        try:
+            ChainDB(base_db).get_canonical_head()
+            return chain_class(base_db)
+        except CanonicalHeadNotFound:
+            pass
+        except sqlite3.DatabaseError as exc:
+            raise unreadable(self.db.path, exc) from None
+        if self.db.holds_data():
+            raise DataDirError(f"database {self.db.path} holds data but no chain head: it is "
+                               "damaged or not a chain database")
+        chain = chain_class.from_genesis(base_db, genesis_params(), genesis_state())
+        self.db.flush()
+        return chain
+
     # --- state ---------------------------------------------------------------------------------
     def head(self):
         return self._head
@@ -167,10 +199,7 @@ class Node:
     def pending_nonce(self, address: bytes) -> int:
         with self.mempool.lock:
             nonce = self._admission_view()[1].get_nonce(address)
-            pending = self.mempool.by_sender.get(address, {})
-            while nonce in pending:
-                nonce += 1
-            return nonce
+            return next_nonce(nonce, self.mempool.by_sender.get(address, {}))
 
     def next_base_fee(self) -> int:
         with self.mempool.lock:
@@ -224,6 +253,12 @@ class Node:
             if tx.nonce in pending:
                 raise TxRejected(f"nonce {tx.nonce} already used by a pending transaction "
                                  "(replacement is not supported)")
+            if len(self.mempool) >= self.config.max_pending:
+                executable = next_nonce(nonce, pending)
+                if tx.nonce != executable:
+                    raise TxRejected(f"transaction pool is full ({len(self.mempool)} pending): "
+                                     f"only the sender's next nonce {executable} is admitted, "
+                                     f"not {tx.nonce}")
             if tx.gas > head.gas_limit:
                 raise TxRejected(f"gas {tx.gas} exceeds the block gas limit {head.gas_limit}")
             if tx.gas < tx.intrinsic_gas:
@@ -272,15 +307,19 @@ class Node:
             vm.block_preprocessing(vm.get_block())
             header = vm.get_header()
             included, receipts = [], []
+            held: set[bytes] = set()  # senders whose next transaction was just dropped
             for tx in candidates:
                 if header.gas_used + tx.gas > header.gas_limit:
                     break
+                if tx.sender in held:  # behind the gap the drop left: pending, as admitted
+                    continue
                 snapshot = vm.state.snapshot()
                 try:
                     receipt, _ = vm.apply_transaction(header, tx)
                 except Exception as exc:  # invalid now (e.g. funds spent): drop, never stall
                     vm.state.revert(snapshot)
                     self.mempool.remove(tx)
+                    held.add(tx.sender)
                     log.warning("dropped tx 0x%s: %s", tx.hash.hex(), exc)
                     continue
                 header = vm.add_receipt_to_header(header, receipt)
@@ -367,18 +406,28 @@ class Node:
 
     def stop(self) -> None:
         """Stop producing; transactions admitted (their hashes answered) but not yet sealed
-        go into one last block first, so a stop loses none (only a crash does)."""
+        are sealed first, so a stop loses none (only a crash does)."""
         with self.mempool.lock:
             self._stop = True
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if len(self.mempool) and (self._thread is None or not self._thread.is_alive()):
-            try:
-                self.seal()
-            except Exception:  # noqa: BLE001 - stopping goes on; they are lost as in a crash
-                log.exception("sealing the pending transactions at stop failed")
+        if self._thread is None or not self._thread.is_alive():
+            self._seal_pending()
         if self.decoder is not None:
             self.decoder.close()
+        self._release_data_dir()
+
+    def _seal_pending(self) -> None:
+        """Seal blocks while the pending transactions go into them: those beyond one block
+        (``max_block_txs``, the gas limit) were lost, though acknowledged. What is left waits
+        behind a nonce gap and cannot be sealed."""
+        try:
+            while len(self.mempool) and self.seal().transactions:
+                pass
+        except Exception:  # noqa: BLE001 - stopping goes on; the rest is lost as in a crash
+            log.exception("sealing the pending transactions at stop failed")
+
+    def _release_data_dir(self) -> None:
         self.db.close()
         self._data_dir_lock.close()

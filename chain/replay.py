@@ -6,6 +6,7 @@ commit to it, raises ``ValidationError`` naming the block.
 """
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from eth.abc import ChainAPI
@@ -15,7 +16,7 @@ from eth.exceptions import CanonicalHeadNotFound
 from eth_utils import ValidationError
 
 from chain.blobs import BlobStore
-from chain.db import DATABASE_FILE, DataDirError, SqliteDB
+from chain.db import DATABASE_FILE, DataDirError, SqliteDB, unreadable
 from chain.genesis import genesis_params, genesis_state
 from chain.vm import build_chain_class
 
@@ -35,7 +36,8 @@ def replay(source: ChainAPI, store: BlobStore, upto: int | None = None) -> int:
 
 def verify_data_dir(data_dir: Path) -> int:
     """Replay a node's data directory (read only) against its own blob store; a directory
-    that holds no chain is a ``DataDirError`` (and nothing is created in it)."""
+    that holds no chain (nothing is created in it) or a database sqlite cannot read is a
+    ``DataDirError``."""
     path = data_dir / DATABASE_FILE
     if not path.is_file():
         raise DataDirError(f"{data_dir} is not a chain data dir (no {DATABASE_FILE} in it)")
@@ -48,5 +50,7 @@ def verify_data_dir(data_dir: Path) -> int:
             raise DataDirError(f"{path} holds no chain (no canonical head)") from None
         source = build_chain_class(BlobStore(data_dir / "blobs"))(base)
         return replay(source, BlobStore(data_dir / "blobs"))
+    except sqlite3.DatabaseError as exc:
+        raise unreadable(path, exc) from None
     finally:
         db.close()
