@@ -266,6 +266,21 @@ void gather(const scalar_t* src, const std::vector<int64_t>& shape,
   });
 }
 
+// The data of src, copied first when src is also the buffer about to be written (x[view] = x,
+// or a view of x compacted into x), so that every read sees the values from before the writes.
+struct Source {
+  std::unique_ptr<scalar_t[], AlignedFree> copy;
+  const scalar_t* data;
+};
+
+Source read_before_writing(const AlignedArray& src, const AlignedArray& dst) {
+  if (src.ptr() != dst.ptr()) return {nullptr, src.ptr()};
+  auto copy = aligned_buffer(static_cast<size_t>(src.size));
+  std::copy(src.ptr(), src.ptr() + src.size, copy.get());
+  const scalar_t* data = copy.get();
+  return {std::move(copy), data};
+}
+
 void compact(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shape,
              std::vector<int64_t> strides, int64_t offset) {
   int64_t numel = check_view(shape, strides, offset, a.size, "compact");
@@ -273,7 +288,8 @@ void compact(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shap
     throw py::value_error("compact: view has " + std::to_string(numel) +
                           " elements but out has " + std::to_string(out.size));
   }
-  gather(a.ptr(), shape, strides, offset, out.ptr());
+  const Source src = read_before_writing(a, out);
+  gather(src.data, shape, strides, offset, out.ptr());
 }
 
 void ewise_setitem(const AlignedArray& a, AlignedArray& out, std::vector<int64_t> shape,
@@ -283,13 +299,8 @@ void ewise_setitem(const AlignedArray& a, AlignedArray& out, std::vector<int64_t
     throw py::value_error("ewise_setitem: view has " + std::to_string(numel) +
                           " elements but the source has " + std::to_string(a.size));
   }
-  std::unique_ptr<scalar_t[], AlignedFree> copy;
-  const scalar_t* src = a.ptr();
-  if (src == out.ptr()) {  // x[view] = x: read everything before writing any of it
-    copy = aligned_buffer(static_cast<size_t>(a.size));
-    std::copy(a.ptr(), a.ptr() + a.size, copy.get());
-    src = copy.get();
-  }
+  const Source source = read_before_writing(a, out);
+  const scalar_t* src = source.data;
   scalar_t* dst = out.ptr();
   for_each_run(shape, strides, offset, [&](int64_t i, int64_t j, int64_t length, int64_t stride) {
     if (stride == 1) {
@@ -323,7 +334,7 @@ void scalar_setitem(int64_t size, scalar_t val, AlignedArray& out, std::vector<i
 void fill(AlignedArray& out, scalar_t val) { std::fill(out.ptr(), out.ptr() + out.size, val); }
 
 void from_numpy(py::array a, AlignedArray& out) {
-  if (!a.dtype().is(py::dtype::of<scalar_t>())) {
+  if (!py::isinstance<py::array_t<scalar_t>>(a)) {  // equivalent dtype, not the same object
     throw py::value_error("from_numpy: expected a float32 array, got dtype " +
                           std::string(py::str(a.dtype())));
   }
@@ -441,12 +452,13 @@ void reduce_max(const AlignedArray& a, AlignedArray& out, int64_t reduce_size) {
 
 // ---------------------------------------------------------------------------------------------
 // Matmul: a packed, cache-blocked GEMM (the Goto/BLIS scheme) around an MR x NR register-tiled
-// micro-kernel. A panel of B (all of K by up to kPanelElements / n columns) is packed once into
-// NR-column slivers; C's part of it is then cut into tiles of MC rows x a group of slivers that
-// threads take dynamically. A tile walks K in KC steps: it packs its MC x KC block of A (L2)
-// and streams KC x NR slivers of B (L1) through the micro-kernel. Tiles never wait on each
-// other, so the only barriers are one after packing each panel and one at its end: a thread
-// descheduled by another process on a shared core holds the other back for one tile at most.
+// micro-kernel. A panel of B (all of K by up to kPanelElements / n columns, or NR columns by
+// kPanelElements / NR rows of a K longer than that) is packed once into NR-column slivers; C's
+// part of it is then cut into tiles of MC rows x a group of slivers that threads take
+// dynamically. A tile walks the panel's K in KC steps: it packs its MC x KC block of A (L2) and
+// streams KC x NR slivers of B (L1) through the micro-kernel. Tiles never wait on each other, so
+// the only barriers are one after packing each panel and one at its end: a thread descheduled
+// by another process on a shared core holds the other back for one tile at most.
 
 constexpr int64_t MR = 6, NR = 16;     // 12 AVX2 accumulators + 2 B vectors + 1 A broadcast
 constexpr int64_t KC = 256;            // B sliver KC x NR = 16 KiB stays in L1
@@ -499,7 +511,7 @@ inline void micro_kernel(int64_t kc, const scalar_t* __restrict__ ap,
 #endif
 }
 
-// Packs columns [jc, jc + nc) of B (all n rows) into NR-column slivers, sliver s at
+// Packs columns [jc, jc + nc) of the n rows of B at b into NR-column slivers, sliver s at
 // bp + s * n * NR, row-major inside a sliver and zero-padded past column p, so the micro-kernel
 // needs no edge case.
 void pack_b_sliver(const scalar_t* b, int64_t n, int64_t p, int64_t jc, int64_t nc, int64_t s,
@@ -529,18 +541,20 @@ void pack_a_block(const scalar_t* a, int64_t n, int64_t ic, int64_t mc, int64_t 
   }
 }
 
-// C[ic:ic+mc, jc + NR*s] for slivers s in [first, last) of a packed B panel, over all of K.
-// c points at C[ic, jc]; ap is this thread's MC x KC packing buffer.
+// C[ic:ic+mc, jc + NR*s] for slivers s in [first, last) of a packed B panel holding rows
+// [k0, k1) of K, added to what earlier panels left in C. c points at C[ic, jc]; ap is this
+// thread's MC x KC packing buffer.
 void compute_tile(const scalar_t* a, const scalar_t* bp, scalar_t* c, scalar_t* ap, int64_t n,
-                  int64_t p, int64_t ic, int64_t mc, int64_t nc, int64_t first, int64_t last) {
+                  int64_t p, int64_t k0, int64_t k1, int64_t ic, int64_t mc, int64_t nc,
+                  int64_t first, int64_t last) {
   alignas(kAlignment) scalar_t edge[MR * NR];
-  for (int64_t pc = 0; pc < n; pc += KC) {
-    const int64_t kc = std::min(KC, n - pc);
-    const bool accumulate = pc > 0;
+  for (int64_t pc = k0; pc < k1; pc += KC) {
+    const int64_t kc = std::min(KC, k1 - pc);
+    const bool accumulate = pc > 0;  // a plain test of pc lets the compiler peel the first step
     pack_a_block(a, n, ic, mc, pc, kc, ap);
     for (int64_t s = first; s < last; ++s) {
       const int64_t j0 = s * NR, width = std::min(NR, nc - j0);
-      const scalar_t* b_sliver = bp + s * n * NR + pc * NR;
+      const scalar_t* b_sliver = bp + (s * (k1 - k0) + pc - k0) * NR;
       for (int64_t i0 = 0; i0 < mc; i0 += MR) {
         const int64_t height = std::min(MR, mc - i0);
         const scalar_t* a_sliver = ap + i0 * kc;
@@ -562,34 +576,44 @@ void compute_tile(const scalar_t* a, const scalar_t* bp, scalar_t* c, scalar_t* 
 
 // c (m x p) = a (m x n) @ b (n x p), all compact row-major; n > 0.
 void gemm(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n, int64_t p) {
-  const int64_t panel_width =
-      std::min(p, std::max(NR, kPanelElements / n / NR * NR));  // columns packed at once
+  // Rows and columns of B packed at once, at most kPanelElements even for a narrow B with a very
+  // long K (whole KC steps, so each element of C adds up K in the same steps either way).
+  const int64_t panel_depth = std::min(n, kPanelElements / NR / KC * KC);
+  const int64_t panel_width = std::min(p, std::max(NR, kPanelElements / panel_depth / NR * NR));
   const int64_t panel_slivers = (panel_width + NR - 1) / NR;
   const int64_t row_blocks = (m + MC - 1) / MC;
   const int threads = team_size(2 * m * n * p >= kParallelFlops);
 
-  auto b_packed = aligned_buffer(static_cast<size_t>(n * panel_slivers * NR));
+  auto b_packed = aligned_buffer(static_cast<size_t>(panel_depth * panel_slivers * NR));
   const int64_t a_block = (std::min(MC, m) + MR - 1) / MR * MR * std::min(KC, n);
   std::vector<std::unique_ptr<scalar_t[], AlignedFree>> a_packed;
   for (int t = 0; t < threads; ++t) a_packed.push_back(aligned_buffer(static_cast<size_t>(a_block)));
 
+  // One parallel region per panel of K, outside the column loop: nesting that loop (one pass
+  // for all K but a very long one) inside the region measured 15-20% slower on 2 threads.
+  for (int64_t k0 = 0; k0 < n; k0 += panel_depth) {
+    const int64_t k1 = std::min(n, k0 + panel_depth);
 #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    scalar_t* ap = a_packed[thread_id()].get();
-    for (int64_t jc = 0; jc < p; jc += panel_width) {
-      const int64_t nc = std::min(panel_width, p - jc), slivers = (nc + NR - 1) / NR;
-      const int64_t col_groups =
-          threads == 1 ? 1
-                       : std::clamp((kTilesPerThread * threads + row_blocks - 1) / row_blocks,
-                                    int64_t{1}, slivers);
+    {
+      scalar_t* ap = a_packed[thread_id()].get();
+      for (int64_t jc = 0; jc < p; jc += panel_width) {
+        const int64_t nc = std::min(panel_width, p - jc), slivers = (nc + NR - 1) / NR;
+        const int64_t col_groups =
+            threads == 1 ? 1
+                         : std::clamp((kTilesPerThread * threads + row_blocks - 1) / row_blocks,
+                                      int64_t{1}, slivers);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t s = 0; s < slivers; ++s) pack_b_sliver(b, n, p, jc, nc, s, b_packed.get());
+        for (int64_t s = 0; s < slivers; ++s) {
+          pack_b_sliver(b + k0 * p, k1 - k0, p, jc, nc, s, b_packed.get());
+        }
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < row_blocks * col_groups; ++t) {
-        const int64_t block = t / col_groups, group = t % col_groups;
-        const int64_t ic = block * MC;
-        compute_tile(a, b_packed.get(), c + ic * p + jc, ap, n, p, ic, std::min(MC, m - ic), nc,
-                     slivers * group / col_groups, slivers * (group + 1) / col_groups);
+        for (int64_t t = 0; t < row_blocks * col_groups; ++t) {
+          const int64_t block = t / col_groups, group = t % col_groups;
+          const int64_t ic = block * MC;
+          compute_tile(a, b_packed.get(), c + ic * p + jc, ap, n, p, k0, k1, ic,
+                       std::min(MC, m - ic), nc, slivers * group / col_groups,
+                       slivers * (group + 1) / col_groups);
+        }
       }
     }
   }
