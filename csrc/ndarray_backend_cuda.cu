@@ -297,7 +297,8 @@ void scalar_setitem(int64_t size, float val, CudaArray& out, const std::vector<i
 // Host <-> device.
 
 void from_numpy(py::array a, CudaArray& out) {
-  if (!a.dtype().is(py::dtype::of<float>())) {
+  // equal, not is: a float32 dtype need not be numpy's cached instance (unpickled arrays)
+  if (!a.dtype().equal(py::dtype::of<float>())) {
     throw py::value_error("from_numpy: expected a float32 array, got dtype " +
                           std::string(py::str(a.dtype())));
   }
@@ -815,8 +816,9 @@ void run_matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t 
   expect(a, m, n, "a");
   expect(b, n, p, "b");
   expect(out, m, p, "out");
-  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
-  if (m > kMaxDim || n > kMaxDim || p > kMaxDim || (m + 63) / 64 > 65535) {
+  // The kernels round dims up to tiles (dim + 255 at most) in int arithmetic.
+  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 256;
+  if (m > kMaxDim || n > kMaxDim || p > kMaxDim) {
     throw py::value_error("matmul: dims too large for the CUDA kernels");
   }
   if (n == 0) {
@@ -824,14 +826,23 @@ void run_matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t 
     return;
   }
   if (m == 0 || p == 0) return;
-  int M = static_cast<int>(m), K = static_cast<int>(n), N = static_cast<int>(p);
+  int K = static_cast<int>(n), N = static_cast<int>(p);
+  // grid.y holds at most 65535 tiles of 64 rows: taller products run in bands of rows (a
+  // multiple of 64, so every band of A and C starts 16-byte aligned).
+  constexpr int64_t kBandRows = int64_t{65535} * 64;
+  const auto run = [&](float* c) {
+    for (int64_t row = 0; row < m; row += kBandRows) {
+      const int rows = static_cast<int>(m - row < kBandRows ? m - row : kBandRows);
+      gemm(a.ptr + row * n, b.ptr, c + row * p, rows, N, K);
+    }
+  };
   if (out.ptr == a.ptr || out.ptr == b.ptr) {
     CudaArray scratch(static_cast<int64_t>(out.size));
-    gemm(a.ptr, b.ptr, scratch.ptr, M, N, K);
+    run(scratch.ptr);
     CUDA_CHECK(cudaMemcpy(out.ptr, scratch.ptr, out.size * sizeof(float),
                           cudaMemcpyDeviceToDevice));
   } else {
-    gemm(a.ptr, b.ptr, out.ptr, M, N, K);
+    run(out.ptr);
   }
 }
 
