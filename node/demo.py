@@ -14,11 +14,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from node.client import JobClient
-from node.devnet import Devnet
+from node.client import JobClient, RemoteJobError
+from node.devnet import Devnet, DevnetError
 from node.training import train_digits
 
 ETHER = 10**18
+JOB_TIMEOUT = 120.0  # seconds the demo's client waits for each job
+LOG_TAIL_LINES = 10
 
 
 def _balances(client: JobClient, addresses: list[str]) -> dict[str, int]:
@@ -61,14 +63,30 @@ def run_demo(workers: int, data_dir: Path | None, console: Console) -> None:
                     console.print(f"{err or 'interrupted'}; stopping the chain node and "
                                   "workers ...")
                     raise
+                except (DevnetError, RemoteJobError) as err:
+                    _report_failure(net, err, console)
+                    raise SystemExit(1) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _report_failure(net: Devnet, err: Exception, console: Console) -> None:
+    """One error line, then the end of the log of each process that exited: the demo's
+    temporary data dir, logs included, is gone once it exits (before, a process that died
+    or a job nobody took ended in a traceback, and the logs that said why were deleted)."""
+    console.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
+    for name, process, log in net.processes():
+        if process.poll() is None:
+            continue
+        console.print(f"{name} exited with code {process.returncode}; the end of its log:")
+        lines = log.read_text(errors="replace").splitlines() if log and log.exists() else []
+        console.print(escape("\n".join(lines[-LOG_TAIL_LINES:])), soft_wrap=True)
 
 
 def _show(net: Devnet, workers: int, console: Console) -> None:
     """The demo proper, on a devnet that is not started yet."""
     net.start(workers)
-    client = JobClient(net.rpc_url, timeout=120, progress=True)
+    client = JobClient(net.rpc_url, timeout=JOB_TIMEOUT, progress=True)
     parties = [client.address, *(w.address for w in net.workers)]
     before = _balances(client, parties)
     console.print(f"chain at {net.rpc_url}; client {client.address}")

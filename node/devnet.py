@@ -25,7 +25,7 @@ from web3 import Web3
 
 from chain.dirlock import DirLocked, lock_dir
 from chain.launch import free_port
-from node.keys import load_or_create
+from node.keys import load_or_create, read_password
 
 FAUCET_INDEX = 19  # the last dev account funds workers; clients default to account 0
 WORKER_FUNDING_WEI = 5 * 10**18
@@ -41,19 +41,23 @@ class DevnetError(RuntimeError):
     exited. Its message is one line, meant to be shown as it is."""
 
 
-def wait_until(check, timeout: float, what: str, process: subprocess.Popen | None = None) -> None:
-    """Poll `check()` until it is true; fail early if `process` died, late on timeout."""
+def wait_until(check, timeout: float, what: str, process: subprocess.Popen | None = None,
+               log: Path | None = None) -> None:
+    """Poll `check()` until it is true; fail early if `process` died, late on timeout. Both
+    are DevnetErrors naming `log`, where the process said why: the CLI shows them as one
+    line (a TimeoutError read "cannot reach the chain node" there, for a worker too)."""
+    where = _log_note(log)
     end = time.time() + timeout
     while time.time() < end:
         if process is not None and process.poll() is not None:
-            raise DevnetError(f"{what}: process exited with code {process.returncode}")
+            raise DevnetError(f"{what}: process exited with code {process.returncode}{where}")
         try:
             if check():
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    raise TimeoutError(f"{what}: not ready after {timeout:.0f}s")
+    raise DevnetError(f"{what}: not ready after {timeout:.0f}s{where}")
 
 
 @dataclass
@@ -90,8 +94,7 @@ class Devnet:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self._lock = _lock(self.data_dir)
             if not self.password_file.exists():
-                self.password_file.write_text(secrets.token_hex(16))
-                self.password_file.chmod(0o600)
+                _write_private(self.password_file, secrets.token_hex(16))
         except OSError as err:  # read-only, a file on the path, no space, ...
             self.close()
             raise DevnetError(f"cannot use data dir {self.data_dir}: "
@@ -106,8 +109,13 @@ class Devnet:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def log(self, log_name: str) -> Path | None:
+        """Where a process's output goes (None: to this process's own)."""
+        return self.data_dir / log_name if self.log_to_files else None
+
     def _spawn(self, args: list[str], log_name: str, env: dict | None = None) -> subprocess.Popen:
-        out = open(self.data_dir / log_name, "ab") if self.log_to_files else None  # noqa: SIM115
+        log = self.log(log_name)
+        out = open(log, "ab") if log is not None else None  # noqa: SIM115
         try:
             return subprocess.Popen(
                 [sys.executable, "-m", "node", *args], stdout=out, stderr=subprocess.STDOUT,
@@ -132,15 +140,17 @@ class Devnet:
             "chain.log")
         wait_until(lambda: httpx.get(f"{self.rpc_url}/info", timeout=2).status_code == 200
                    and _listens(self.chain.pid, self.port), START_TIMEOUT, "chain node",
-                   self.chain)
+                   self.chain, self.log("chain.log"))
 
     def worker_dir(self, index: int) -> Path:
         return self.data_dir / f"worker{index}"
 
     def worker_account(self, index: int) -> LocalAccount:
-        """Worker `index`'s key (its keystore is created here if it does not exist yet)."""
+        """Worker `index`'s key (its keystore is created here if it does not exist yet), with
+        the password read as the worker reads it: a password file ending in a newline
+        (`echo pw > password`) made a keystore its worker could not open."""
         return load_or_create(self.worker_dir(index) / "key.json",
-                              self.password_file.read_text(), DEV_KDF_ITERATIONS)
+                              read_password(self.password_file), DEV_KDF_ITERATIONS)
 
     def start_worker(self, index: int | None = None, *, extra_args: tuple[str, ...] = (),
                      env: dict | None = None, wait: bool = True) -> WorkerProcess:
@@ -151,7 +161,7 @@ class Devnet:
         self._fund(account.address)
         api_port = free_port()
         token = secrets.token_hex(16)
-        (data_dir / "admin-token").write_text(token)
+        _write_private(data_dir / "admin-token", token)
         args = ["worker", "up", "--rpc-url", self.rpc_url, "--data-dir", str(data_dir),
                 "--password-file", str(self.password_file), "--api-port", str(api_port),
                 "--admin-token-file", str(data_dir / "admin-token"),
@@ -163,7 +173,7 @@ class Devnet:
         if wait:
             wait_until(lambda: httpx.get(f"{worker.api_url}/status", timeout=2).json()
                        ["stake_wei"] > 0 and _listens(process.pid, api_port), START_TIMEOUT,
-                       f"worker {index}", process)
+                       f"worker {index}", process, self.log(f"worker{index}.log"))
         return worker
 
     def _fund(self, address: str) -> None:
@@ -186,17 +196,21 @@ class Devnet:
         """SIGTERM (graceful: finishes jobs in flight) or SIGKILL; returns the exit code."""
         return _stop(worker.process, signal.SIGKILL if kill else signal.SIGTERM, timeout)
 
+    def processes(self) -> list[tuple[str, subprocess.Popen, Path | None]]:
+        """(name, process, log) of every process started: the chain node, then the workers."""
+        chain = [("chain node", self.chain, self.log("chain.log"))] if self.chain else []
+        return [*chain, *((f"worker {w.index}", w.process, self.log(f"worker{w.index}.log"))
+                          for w in self.workers)]
+
     def watch(self, interval: float = 0.5) -> None:
         """Block while the chain and every worker run, then raise DevnetError naming the
         first process that exited: a devnet that lost one is broken, and says so."""
-        processes = [("chain node", self.chain, "chain.log"),
-                     *((f"worker {w.index}", w.process, f"worker{w.index}.log")
-                       for w in self.workers)]
+        processes = self.processes()
         while True:
-            for name, process, log_name in processes:
+            for name, process, log in processes:
                 if process.poll() is not None:
-                    raise DevnetError(f"{name} exited with code {process.returncode} (log: "
-                                      f"{self.data_dir / log_name}); devnet stopped")
+                    raise DevnetError(f"{name} exited with code {process.returncode}"
+                                      f"{_log_note(log)}; devnet stopped")
             time.sleep(interval)
 
     def close(self) -> None:
@@ -220,6 +234,20 @@ def _require_free(port: int, what: str) -> None:
         except OSError as err:
             raise DevnetError(f"{what} port {port} is in use ({err.strerror}): is another "
                               "devnet or chain node running there?") from None
+
+
+def _log_note(log: Path | None) -> str:
+    return f" (log: {log})" if log is not None else ""
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a secret (the keystores' password, an admin token) readable by its owner only,
+    from its first byte: with the usual umask, write_text left the admin token readable by
+    every local user, who could stop the worker or have it withdraw its stake."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # a file that existed keeps its mode through O_CREAT
+        f.write(text)
 
 
 def _lock(data_dir: Path) -> TextIO:
