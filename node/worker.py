@@ -113,8 +113,8 @@ def admin_token(path: Path | None) -> str | None:
     """The token for the admin routes: from `path`, else from $NEEDLE_NET_ADMIN_TOKEN (None:
     the admin routes stay closed). A token file that cannot be read or is empty is a
     WorkerStartError, not a worker that silently answers 403."""
-    if path is None:
-        return os.environ.get(ADMIN_TOKEN_ENV)
+    if path is None:  # compose passes an unset variable as empty: closed, as unset
+        return (os.environ.get(ADMIN_TOKEN_ENV) or "").strip() or None
     try:
         token = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as err:
@@ -287,8 +287,12 @@ class Worker:
         with self._withdraw_lock:
             stake, withdraw_block, active_claims = self.chain.worker_info(self.address)
             if withdraw_block == 0:
-                self._withdrawing = True
-                receipt = self.chain.send("requestWithdraw")
+                self._withdrawing = True  # no claim may start while the request is out
+                try:
+                    receipt = self.chain.send("requestWithdraw")
+                except Exception:  # refused (too little ETH for gas): still taking jobs
+                    self._withdrawing = False
+                    raise
                 available = self.chain.events_in(receipt,
                                                  "WithdrawRequested")[0]["availableBlock"]
                 return {"requested": True, "available_block": available, "stake_wei": stake}
@@ -729,6 +733,7 @@ class Worker:
             committed = [(r, j) for r, j in ready if j.job_id in ours]
             for record, _ in committed:
                 record.stage = "committed"
+            self.metrics.jobs.labels("claimed").inc(len(committed))  # one transaction did both
             self.metrics.jobs.labels("committed").inc(len(committed))
             if committed:
                 self._finalize_all(committed, receipt["blockNumber"], finalized, t0)
@@ -783,6 +788,7 @@ class Worker:
                     continue
                 if record.stage != "committed":
                     record.stage = "committed"
+                    self.metrics.jobs.labels("claimed").inc()  # by the batch's commitJobs
                     self.metrics.jobs.labels("committed").inc()
                 log.info("job %d: committed although the batch failed; finalising",
                          job.job_id)
@@ -820,6 +826,7 @@ class Worker:
             self.metrics.jobs.labels("skipped").inc()
         else:
             self._set_stage(record, "error", f"{type(err).__name__}: {err}")
+            self.metrics.jobs.labels("error").inc()
 
     def _operands(self, job: Job) -> tuple[np.ndarray, np.ndarray]:
         """A and B from the blob store; OperandError unless they are what the job declares

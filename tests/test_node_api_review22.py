@@ -171,6 +171,8 @@ def test_a_withdrawal_the_chain_node_refuses_is_a_409_with_its_reason(net):
     assert answer.status_code == 409, answer.text
     assert answer.json()["detail"].startswith("the chain node refused: insufficient funds")
     assert "Traceback" not in net.log("worker0.log").read_text()
+    # nothing was requested, so the worker still takes jobs (it stopped for good before)
+    assert httpx.get(f"{worker.api_url}/status", timeout=10).json()["accepting_jobs"] is True
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")

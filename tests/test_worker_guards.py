@@ -177,6 +177,12 @@ def test_admin_token_file_errors_are_start_errors(tmp_path, monkeypatch):
     assert admin_token(tmp_path / "token") == "s3cret"
     monkeypatch.setenv("NEEDLE_NET_ADMIN_TOKEN", "from-env")
     assert admin_token(None) == "from-env"
+    # as the file is: `export NEEDLE_NET_ADMIN_TOKEN=$(cat token)` keeps no newline, but an
+    # env file may; with it no request could match. Empty (compose's unset) stays closed.
+    monkeypatch.setenv("NEEDLE_NET_ADMIN_TOKEN", "from-env\n")
+    assert admin_token(None) == "from-env"
+    monkeypatch.setenv("NEEDLE_NET_ADMIN_TOKEN", " ")
+    assert admin_token(None) is None
 
 
 def test_an_api_port_in_use_is_a_start_error(node, tmp_path):

@@ -76,6 +76,8 @@ def test_a_batch_commit_that_landed_although_its_answer_was_lost_is_paid_and_boo
     assert status["earned_wei"] == FEE and status["completed"] == 1
     assert _metric(metrics, "needle_earned_wei") == FEE
     assert _metric(metrics, 'needle_jobs_total{outcome="verified"}') == 1
+    # a small job is claimed and committed by one commitJobs: counted as both (claimed was not)
+    assert _metric(metrics, 'needle_jobs_total{outcome="claimed"}') == 1
     journal = (tmp_path / "worker-jobs.jsonl").read_text().splitlines()
     assert [(json.loads(x)["job_id"], json.loads(x)["stage"]) for x in journal] == stages
     submitter.close()

@@ -146,3 +146,28 @@ def test_overlapping_withdraw_requests_send_one_transaction(node, tmp_path):
         assert answer.json()["available_block"] == available
         assert answer.json()["stake_wei"] == ETHER
     me.close()
+
+
+def test_a_job_given_up_for_an_error_is_counted_as_one(node, tmp_path):
+    """A small job whose A the blob store does not have is given up before any transaction
+    ("error"), which /status and the journal showed while needle_jobs_total counted no error."""
+    account = dev_accounts(6)[5]
+    Market(node.url, account).send("register", value=ETHER)
+    submitter = Market(node.url, dev_account(1))
+    b_id = submitter.put_array(np.ones((5, 3), np.float32))
+    first = submitter.job_count()
+    submitter.send("submitJobs", [bytes(range(32))], [b_id], [1], [4], [5], [3], [FP32], [FEE],
+                   50, value=FEE)
+    config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER,
+                          poll_interval=0.2, api_port=free_port())
+    worker = Worker(config, account)
+    thread = run_worker(worker)
+    try:
+        wait_for(lambda: [j["stage"] for j in worker.job_list() if j["job_id"] == first]
+                 == ["error"], 30, "the job to be given up")
+        metrics = httpx.get(f"http://127.0.0.1:{config.api_port}/metrics").text
+    finally:
+        stop_worker(worker, thread)
+        submitter.send("cancel", first)
+        submitter.close()
+    assert 'needle_jobs_total{outcome="error"} 1.0' in metrics, metrics
