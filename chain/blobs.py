@@ -23,6 +23,8 @@ from pathlib import Path
 import blake3
 import numpy as np
 
+from chain.dirlock import sync_directory
+
 MAGIC = b"NNB1"
 HEADER = struct.Struct("<4sBBxx")
 DTYPES: dict[int, np.dtype] = {
@@ -211,11 +213,7 @@ class BlobStore:
     def sync_directory(self) -> None:
         """Make the renames of committed blobs durable: one fsync of the directory covers
         every blob renamed into it before, so a batch of uploads pays it once."""
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_directory(self.directory)
 
     def get(self, id_: bytes | str) -> bytes | None:
         try:

@@ -1,5 +1,6 @@
 """One process per directory: an exclusive flock on a file inside it that records the
-holder's pid (the kernel drops the lock when the process dies, so a crash leaves none)."""
+holder's pid (the kernel drops the lock when the process dies, so a crash leaves none). And
+the directory fsync that makes a rename or a new name in it durable."""
 from __future__ import annotations
 
 import fcntl
@@ -31,3 +32,13 @@ def lock_dir(directory: Path, lock_name: str) -> TextIO:
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
+
+
+def sync_directory(directory: str | os.PathLike) -> None:
+    """Make the names created or renamed in `directory` survive a power loss (an fsync of the
+    file alone does not persist its directory entry)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

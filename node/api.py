@@ -13,7 +13,7 @@ from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import HTMLResponse, Response
 from web3.exceptions import Web3RPCError
 
-from node.market import TxReverted, is_transient
+from node.market import TxReverted, is_transient, node_refusal
 from node.metrics import NodeMetrics
 
 DASHBOARD = Path(__file__).with_name("dashboard.html")
@@ -36,9 +36,7 @@ def _on_chain(action: Callable[[], T]) -> T:
         raise HTTPException(409, f"the chain refused: {reason.removeprefix('execution reverted: ')}"
                             ) from err
     except Web3RPCError as err:
-        answer = err.rpc_response.get("error") if isinstance(err.rpc_response, dict) else None
-        reason = answer.get("message") if isinstance(answer, dict) else None
-        raise HTTPException(409, f"the chain node refused: {reason or err}") from err
+        raise HTTPException(409, node_refusal(err)) from err
     except Exception as err:
         if not is_transient(err):
             raise

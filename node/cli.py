@@ -87,7 +87,7 @@ def _user_error(err: Exception) -> str | None:
     from web3.exceptions import Web3RPCError
 
     from node.devnet import DevnetError
-    from node.market import TxReverted, is_transient
+    from node.market import TxReverted, is_transient, node_refusal
 
     if isinstance(err, keys.KeystoreError | DevnetError):
         return str(err)
@@ -102,8 +102,7 @@ def _user_error(err: Exception) -> str | None:
         where = f" at {err.request.url}" if isinstance(err, httpx.RequestError) else ""
         return f"cannot reach the chain node{where}: {err}"
     if isinstance(err, Web3RPCError):
-        answer = err.rpc_response.get("error", {}) if isinstance(err.rpc_response, dict) else {}
-        return f"the chain node refused: {answer.get('message', err)}"
+        return node_refusal(err)
     return None
 
 

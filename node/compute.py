@@ -78,7 +78,7 @@ def matmul(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
         raise ValueError(f"matmul shapes do not match: {a.shape} @ {b.shape}")
     if a.dtype.type in EXACT_DTYPES and b.dtype.type in EXACT_DTYPES:  # mixed ones too, as
         return exact_matmul(a, b, device)  # the chain accepts them
-    if a.dtype != b.dtype:
+    if a.dtype.type is not b.dtype.type:  # byte order aside: check_operands accepts either
         raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
     if a.dtype.type not in FLOAT_DTYPES:
         raise ValueError(f"unsupported operand dtype {a.dtype}")

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+
+from chain.dirlock import sync_directory
 
 PASSWORD_ENV = "NEEDLE_NET_PASSWORD"
 
@@ -37,15 +42,65 @@ def read_password(password_file: Path | None = None) -> str:
 def save_keystore(
     account: LocalAccount, path: Path, password: str, iterations: int | None = None
 ) -> None:
-    """Encrypt `account` to `path` (mode 0600, written atomically)."""
+    """Encrypt `account` to `path`, replacing any file there: mode 0600, written atomically
+    and durably (KeystoreError naming the file if it cannot be written)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with _writing(path):
+        tmp = _private_temp(path, _encrypted(account, password, iterations))
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        sync_directory(path.parent)
+
+
+def _create_keystore(
+    account: LocalAccount, path: Path, password: str, iterations: int | None
+) -> bool:
+    """Encrypt `account` to `path` unless a file is there already (False): the complete file
+    appears under its name at once, and of two processes creating the same keystore only
+    one succeeds (else one would run, and stake, with a key the other's file replaced)."""
+    with _writing(path):
+        tmp = _private_temp(path, _encrypted(account, password, iterations))
+        try:
+            os.link(tmp, path)  # unlike a rename, fails if path exists
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        sync_directory(path.parent)
+        return True
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as err:
+        raise KeystoreError(f"cannot write keystore {path}: {err.strerror or err}") from err
+
+
+def _encrypted(account: LocalAccount, password: str, iterations: int | None) -> bytes:
     keyfile = Account.encrypt(account.key, password, kdf="pbkdf2", iterations=iterations)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(keyfile, f)
-    os.replace(tmp, path)
+    return json.dumps(keyfile).encode()
+
+
+def _private_temp(path: Path, data: bytes) -> str:
+    """A new file beside `path` holding `data`, on disk: mode 0600 from its creation whatever
+    the umask (mkstemp), under a fresh name (a file left there before, perhaps readable by
+    others, is never written into)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # else a power loss soon after could leave an empty key file
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
 
 
 def read_keyfile(path: Path) -> dict:
@@ -67,6 +122,9 @@ def load_keystore(path: Path, password: str) -> LocalAccount:
     keyfile = read_keyfile(path)
     try:
         return Account.from_key(Account.decrypt(keyfile, password))
+    except NotImplementedError as err:  # eth-keyfile's answer to versions 1 and 2
+        raise KeystoreError(f"{path} is a keystore of version {keyfile.get('version')!r}, "
+                            "not Web3 secret storage v3") from err
     except (KeyError, TypeError) as err:
         raise KeystoreError(f"{path} is not an encrypted keystore (Web3 secret storage v3): "
                             f"missing or malformed {err}") from err
@@ -77,11 +135,15 @@ def load_keystore(path: Path, password: str) -> LocalAccount:
 
 
 def load_or_create(path: Path, password: str, iterations: int | None = None) -> LocalAccount:
-    """The account in `path`, creating a fresh random one there on first start."""
-    if Path(path).exists():
+    """The account in `path`, creating a fresh random one there on first start. A file that
+    is there (even a broken link, or one another process created meanwhile) is only ever
+    opened, never replaced: it may hold a staked account's key."""
+    path = Path(path)
+    if os.path.lexists(path):
         return load_keystore(path, password)
     if not password:
         raise KeystoreError(f"refusing to create keystore {path} with an empty password")
     account = Account.create()
-    save_keystore(account, path, password, iterations)
-    return account
+    if _create_keystore(account, path, password, iterations):
+        return account
+    return load_keystore(path, password)

@@ -8,6 +8,9 @@ check on both ends.
 
 from __future__ import annotations
 
+import errno
+import http.client
+import socket
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_for
@@ -30,24 +33,43 @@ from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
 JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
 STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
 PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
-VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS (exact jobs use 1: this is an upper bound)
+VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS: the float classes' Freivalds rounds
+EXACT_ROUNDS = 1  # ComputeMarket.EXACT_ROUNDS: the exact class's
 # Fixed gas limits for the job lifecycle (no estimate round trip; measured use in
 # docs/protocol.md, with margin): a revert then costs only the gas used.
 CLAIM_GAS = 150_000  # measured: 87k
 COMMIT_GAS = 200_000  # measured: 60k
 FINALIZE_JOBS_GAS = 100_000  # plus finalize_gas(job) per job
+FINALIZE_BOOKKEEPING_GAS = 300_000  # the contract's own work in a finalize (measured: ~50k)
 ZERO_ADDRESS = "0x" + "00" * 20
 UPLOAD_THREADS = 8
 PRESIGN_BYTES = 1 << 20  # blobs up to this size in all: their transaction signed during upload
 
+NETWORK_DOWN_ERRNOS = frozenset({errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTDOWN,
+                                 errno.EHOSTUNREACH})
+
 TxReverted = TransactionReverted
 
 
+def node_refusal(err: Exception) -> str:
+    """What the chain node said when it refused a request (a JSON-RPC error's message, e.g.
+    "insufficient funds: ..."), for the one line a user sees."""
+    answer = getattr(err, "rpc_response", None)
+    answer = answer.get("error") if isinstance(answer, dict) else None
+    message = answer.get("message") if isinstance(answer, dict) else None
+    return f"the chain node refused: {message or err}"
+
+
 def is_transient(err: BaseException) -> bool:
-    """Network trouble worth retrying (as opposed to a revert or bad data)."""
+    """Network trouble worth retrying (as opposed to a revert or bad data): a connection
+    refused, reset, or cut off in the middle of an answer (http.client's IncompleteRead: the
+    node restarting while it answered), a timeout, a host name that does not resolve (a
+    compose service's name while its container restarts) or a network that is down."""
+    if isinstance(err, OSError) and err.errno in NETWORK_DOWN_ERRNOS:
+        return True
     return isinstance(
-        err, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout,
-              httpx.TransportError)
+        err, (ConnectionError, TimeoutError, socket.gaierror, http.client.IncompleteRead,
+              requests.ConnectionError, requests.Timeout, httpx.TransportError)
     )
 
 
@@ -100,11 +122,17 @@ def submit_jobs_gas(count: int) -> int:
 
 
 def finalize_gas(job: Job) -> int:
-    """A safe gas limit for `finalize`: the precompile's documented cost (docs/protocol.md)
-    for the market's rounds, doubled, plus the contract's own bookkeeping."""
+    """A gas limit for `finalize` that always suffices and no more: the precompile's cost,
+    which the chain charges exactly from the declared shapes and the class's rounds
+    (docs/protocol.md), the 1/64 of the gas that the contract's call to it keeps back
+    (EIP-150), and the contract's own bookkeeping. Doubling the check's cost instead made
+    jobs from 6144^3 on ask for more than the block gas limit, and the node refused every
+    finalize of them (and a transaction's whole gas limit must be covered by the sender's
+    balance at the max fee)."""
+    rounds = EXACT_ROUNDS if job.precision == 0 else VERIFY_ROUNDS
     elements = job.batch * (job.m * job.k + job.k * job.n + job.m * job.n)
-    precompile = PRECOMPILE_BASE_GAS + (1 + VERIFY_ROUNDS) * elements * PRECOMPILE_ELEMENT_GAS
-    return 300_000 + 2 * precompile
+    precompile = PRECOMPILE_BASE_GAS + (1 + rounds) * elements * PRECOMPILE_ELEMENT_GAS
+    return FINALIZE_BOOKKEEPING_GAS + precompile + precompile // 63 + 1
 
 
 def _bytes(value) -> bytes:
