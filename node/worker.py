@@ -27,6 +27,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
 from chain.blobserver import listen
+from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node import compute
 from node.market import (
@@ -71,7 +72,7 @@ class WorkerConfig:
     connect_timeout: float = 30.0  # start-up: how long an unreachable chain node is retried
     api_host: str = "127.0.0.1"
     api_port: int | None = None
-    admin_token: str | None = None
+    admin_token: str | None = field(default=None, repr=False)  # never in a printed config
     corrupt_results: bool = False  # test fixture: a cheating worker
     stall_after_claim: float = 0.0  # test fixture: a worker that hangs mid-job
 
@@ -98,6 +99,9 @@ PEER_GRACE_SECONDS = 0.5  # how long a job waits for each peer ranked before thi
 API_SHUTDOWN_SECONDS = 10.0
 FINISHED = ("verified", "failed", "lost", "error", "expired", "skipped")
 REGISTER_GAS_ALLOWANCE = 150_000  # gas budgeted for `register` (measured: 72k)
+# a batch of small jobs is finalised in one transaction: its gas limit stays within half a
+# block (128 thin jobs such as 64 x 32768 x 64 asked for 4.9e9, which the node refused)
+BATCH_FINALIZE_GAS = GENESIS_GAS_LIMIT // 2
 FINALIZE_WINDOW_BLOCKS = 256  # ComputeMarket.BLOCKHASH_WINDOW: a commit is finalised this long
 HELD_RETRY_MAX_DELAY = 2.0  # longest wait between tries for a job this worker holds
 ADMIN_TOKEN_ENV = "NEEDLE_NET_ADMIN_TOKEN"
@@ -548,6 +552,7 @@ class Worker:
     def _take_candidates(self) -> None:
         """Start work on acceptable open jobs: small ones as one batch, large ones claimed."""
         small: list[Job] = []
+        batch_gas = FINALIZE_JOBS_GAS  # the batch's finalizeJobs must fit in a block
         ranked = self._ranking()
         now, self._next_turn = time.monotonic(), None
         for job_id in list(self._candidates):
@@ -563,7 +568,12 @@ class Worker:
             if job.status != JOB_OPEN or not self._acceptable(job):
                 continue
             if self._is_small(job):
+                gas = finalize_gas(job)
+                if small and batch_gas + gas > BATCH_FINALIZE_GAS:  # for the next batch
+                    self._candidates[job_id] = job
+                    break
                 small.append(job)
+                batch_gas += gas
                 if len(small) == self.config.max_batch_jobs:
                     break  # one batch per block: the rest stays for other workers and later
             else:

@@ -193,3 +193,10 @@ def test_an_api_port_in_use_is_a_start_error(node, tmp_path):
                               api_port=port)
         with pytest.raises(WorkerStartError, match=f"cannot serve the API on 127.0.0.1:{port}"):
             Worker(config, dev_account(7))
+
+
+def test_a_printed_worker_config_holds_no_admin_token(tmp_path):
+    """A config logged or shown in a traceback's locals must not give the token away."""
+    config = WorkerConfig(rpc_url="http://127.0.0.1:1", data_dir=tmp_path, stake_wei=1,
+                          admin_token="s3cret")
+    assert "s3cret" not in repr(config) and config.admin_token == "s3cret"

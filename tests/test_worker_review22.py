@@ -171,3 +171,35 @@ def test_a_job_given_up_for_an_error_is_counted_as_one(node, tmp_path):
         submitter.send("cancel", first)
         submitter.close()
     assert 'needle_jobs_total{outcome="error"} 1.0' in metrics, metrics
+
+
+def test_small_jobs_whose_finalisation_would_not_fit_a_block_go_in_several_batches(
+        node, tmp_path, monkeypatch):
+    """One finalizeJobs for a whole batch of small jobs: thin ones (64 x 32768 x 64) asked for
+    more gas than a block holds, and the node refused the transaction. With room for two
+    jobs' finalisation, three jobs go in two batches, and all are verified."""
+    from node import worker as worker_module
+    from node.market import FINALIZE_JOBS_GAS, finalize_gas
+
+    account = dev_accounts(7)[6]
+    Market(node.url, account).send("register", value=ETHER)
+    submitter = Market(node.url, dev_account(1))
+    rng = np.random.default_rng(24)
+    jobs = [(rng.standard_normal((6, 5), np.float32), rng.standard_normal((5, 4), np.float32),
+             (1, 6, 5, 4), FP32) for _ in range(3)]
+    ids = submit_as_declared(submitter, FEE, jobs)
+    one = finalize_gas(submitter.job(ids[0]))
+    monkeypatch.setattr(worker_module, "BATCH_FINALIZE_GAS", FINALIZE_JOBS_GAS + 2 * one)
+    config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER,
+                          poll_interval=0.2)
+    worker = Worker(config, account)
+    thread = run_worker(worker)
+    try:
+        wait_for(lambda: all(submitter.job(i).status == JOB_DONE for i in ids), 30,
+                 "the three jobs to be verified")
+    finally:
+        stop_worker(worker, thread)
+        submitter.close()
+    commits = _events(submitter, "ResultCommitted", worker=account.address)
+    assert sorted(e["args"]["jobId"] for e in commits) == ids
+    assert len({e["transactionHash"] for e in commits}) == 2  # 2 jobs, then 1
