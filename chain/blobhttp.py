@@ -56,6 +56,11 @@ class BlobNotFound(BlobError, KeyError):
     """The store has no blob with this id."""
 
 
+class BlobCutOff(BlobError, ConnectionError):
+    """The store's answer ended before the blob did (a store restarting, a dropped link):
+    network trouble, so callers that retry those (node.market.is_transient) retry it."""
+
+
 class BatchReceiver:
     """The body of `POST <mount>`: several blobs, each framed as <u64 length><blob>
     <blob_id(blob)>. The id follows the bytes, so a sender can hash while it sends; each blob
@@ -652,8 +657,8 @@ class BlobClient:
                 n = response.readinto(view[got:got + CHUNK])
                 if n == 0:
                     self.connections.current().close()
-                    raise BlobError(f"blob 0x{id_.hex()}: connection closed after {got} of "
-                                    f"{size} bytes")
+                    raise BlobCutOff(f"blob 0x{id_.hex()}: connection closed after {got} "
+                                     f"of {size} bytes")
                 got += n
                 hasher.hashed_up_to(view, got)
         finally:

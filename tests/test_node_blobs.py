@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import BLOB_SERVERS, blob_node
 
-from chain.blobhttp import HASH_THREADS, BlobClient, BlobError, BlobNotFound
+from chain.blobhttp import HASH_THREADS, BlobClient, BlobCutOff, BlobError, BlobNotFound
 from chain.blobs import encode_array
 
 pytestmark = pytest.mark.timeout(60)
@@ -214,3 +214,34 @@ def test_batched_uploads_reuse_their_connections(blob_port):
             blake3.blake3(encode_array(a)).digest() for a in shifted]
     assert len(client.connections._all) <= 2 + HASH_THREADS < 2 * 8
     client.close()
+
+
+def test_a_download_cut_off_midway_is_network_trouble_worth_retrying():
+    """A store that sends half a blob and closes (restarting, say): a BlobError that
+    is_transient did not count, so a worker's held job gave up at once instead of retrying
+    until its deadline."""
+    import socket
+    import threading
+
+    from node.market import is_transient
+
+    blob = encode_array(np.arange(1000, dtype=np.float32))
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_half() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(blob)
+                         + blob[:len(blob) // 2])
+    thread = threading.Thread(target=answer_half, daemon=True)
+    thread.start()
+    client = BlobClient(f"http://127.0.0.1:{server.getsockname()[1]}/blobs", 1 << 20)
+    try:
+        with pytest.raises(BlobCutOff, match="connection closed after") as cut:
+            client.get(blake3.blake3(blob).digest())
+    finally:
+        client.close()
+        server.close()
+        thread.join(5)
+    assert isinstance(cut.value, BlobError) and is_transient(cut.value)
