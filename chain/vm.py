@@ -311,6 +311,9 @@ class PoUWTransactionExecutor(PragueTransactionExecutor):
         blob_fee = self.calc_data_fee(transaction) if transaction.type_id == BLOB_TX_TYPE else 0
         state.delta_balance(sender, -1 * (gas_fee + blob_fee))
         state.increment_nonce(sender)
+        # EIP-7702: the authorizations are applied (and their refund counted) before the
+        # code at the destination is read, which may be a delegation they just set
+        refund = self.calc_message_refund(transaction)
         if transaction.to == CREATE_CONTRACT_ADDRESS:
             create_address = generate_contract_address(sender, state.get_nonce(sender) - 1)
             data, code, delegation_address = b"", transaction.data, None
@@ -319,8 +322,7 @@ class PoUWTransactionExecutor(PragueTransactionExecutor):
             code, delegation_address = self.get_code_at_address(transaction.to)
         return Message(gas=transaction.gas - transaction.intrinsic_gas, to=transaction.to,
                        sender=sender, value=transaction.value, data=data, code=code,
-                       create_address=create_address,
-                       refund=self.calc_message_refund(transaction),
+                       create_address=create_address, refund=refund,
                        is_delegation=delegation_address is not None)
 
 

@@ -10,17 +10,11 @@ import pytest
 
 cpu = pytest.importorskip("needle.backend_ndarray.ndarray_backend_cpu")
 
+from test_backend_cpu import flat, to_array  # noqa: E402 (after the skip: the module is built)
+
 RNG = np.random.default_rng(22)
 
 
-def to_array(x: np.ndarray):
-    out = cpu.Array(x.size)
-    cpu.from_numpy(np.ascontiguousarray(x, dtype=np.float32), out)
-    return out
-
-
-def flat(a) -> np.ndarray:
-    return cpu.to_numpy(a, (a.size,), (1,), 0)
 
 
 @pytest.mark.parametrize(
