@@ -221,6 +221,15 @@ class BlobStore:
         except FileNotFoundError:
             return None
 
+    def head(self, id_: bytes | str) -> bytes | None:
+        """A blob's header (its first bytes, the longest header there can be): what it holds
+        is known without reading it, which may be hundreds of MB."""
+        try:
+            with self.path(id_).open("rb") as f:
+                return f.read(HEADER.size + 8 * MAX_NDIM)
+        except FileNotFoundError:
+            return None
+
     def has(self, id_: bytes | str) -> bool:
         return self.path(id_).exists()
 

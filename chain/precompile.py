@@ -18,7 +18,7 @@ import numpy as np
 from eth.abc import ComputationAPI
 from eth_abi import decode
 
-from chain.blobs import BlobStore, decode_array
+from chain.blobs import BlobStore, decode_array, parse_header
 from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
 
 log = logging.getLogger(__name__)
@@ -37,17 +37,24 @@ def check_gas(batch: int, m: int, k: int, n: int, rounds: int) -> int:
 
 
 def _operand(store: BlobStore, id_: bytes, shapes: list[tuple], exact: bool) -> np.ndarray | None:
-    """Load a blob and check it has one of the allowed shapes and a dtype fit for the class."""
+    """Load a blob and check it has one of the allowed shapes and a dtype fit for the class.
+    Its header is checked first: gas is charged for the declared shapes, so a small job naming
+    a huge blob must not make every node read all of it (the verdict is the same either way)."""
+    head = store.head(id_)
+    if head is None:
+        return None
+    try:
+        dtype, shape, _ = parse_header(head)
+    except ValueError:
+        return None
+    if shape not in shapes or exact != np.issubdtype(dtype, np.integer):
+        return None
     data = store.get(id_)
     if data is None:
         return None
     try:
         array = decode_array(data)
     except ValueError:
-        return None
-    if array.shape not in shapes:
-        return None
-    if exact != np.issubdtype(array.dtype, np.integer):
         return None
     if not exact and not np.isfinite(array).all():
         return None

@@ -210,6 +210,21 @@ def test_precompile_missing_or_malformed_blobs_are_verdicts(store):
     assert verdict(store, a_id, b_id, nan_id, 1, 4, 3, 2, 1, 8, seed) == FAIL
 
 
+def test_precompile_judges_a_blob_by_its_header_before_reading_it(store):
+    """Gas is charged for the declared shapes: a 1x1x1 job naming a 64 MiB A made every node
+    read all of it to find its shape wrong. Same verdicts, and only the header is read."""
+    big = store.put(encode_array(np.zeros((4096, 4096), np.float32)))
+    one = store.put(encode_array(np.ones((1, 1), np.float32)))
+    seed = b"\7" * 32
+    read = []
+    get = store.get
+    store.get = lambda id_: read.append(id_) or get(id_)
+    assert verdict(store, big, one, one, 1, 1, 1, 1, 1, 8, seed) == BAD_OPERANDS
+    assert verdict(store, one, one, big, 1, 1, 1, 1, 1, 8, seed) == FAIL
+    assert big not in read
+    assert verdict(store, one, one, one, 1, 1, 1, 1, 1, 8, seed) == PASS
+
+
 @pytest.mark.parametrize("a_shape, b_shape, c_shape", [
     ((4, 3), (3, 2), (1, 4, 2)), ((1, 4, 3), (3, 2), (4, 2)), ((4, 3), (1, 3, 2), (4, 2))])
 def test_precompile_result_in_the_other_spelling_of_a_batch_of_1_is_the_workers_failure(
