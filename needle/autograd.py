@@ -87,9 +87,8 @@ class Value:
     def realize_cached_data(self):
         """The value, computing any unevaluated ancestors first (only in LAZY_MODE)."""
         if self.cached_data is None:
-            for node in find_topo_sort([self]):
-                if node.cached_data is None:
-                    node.cached_data = node.op.compute(*[x.cached_data for x in node.inputs])
+            for node in find_topo_sort([self], unrealized_only=True):
+                node.cached_data = node.op.compute(*[x.cached_data for x in node.inputs])
         return self.cached_data
 
     def is_leaf(self) -> bool:
@@ -379,7 +378,9 @@ def compute_gradient_of_variables(output: Tensor, out_grad: Tensor) -> None:
             for grad in contributions[1:]:
                 adjoint = adjoint + grad
             if node.op is None:  # a leaf: keep its gradient (inner adjoints are freed as we go)
-                node.grad = adjoint  # final: every user of the leaf came earlier in the walk
+                # final: every user of the leaf came earlier in the walk. Detached, as the adjoint
+                # may be the caller's out_grad (even one with a graph) or another leaf's (a + b)
+                node.grad = adjoint.detach()
                 for hook in node._grad_ready_hooks:
                     hook(node)
                 continue
@@ -406,8 +407,12 @@ def _tuple_adjoint(node: Value, parts: dict[int, Value]) -> TensorTuple:
     )
 
 
-def find_topo_sort(nodes: Iterable[Value]) -> list[Value]:
-    """Post-order DFS (inputs before users), with an explicit stack."""
+def find_topo_sort(nodes: Iterable[Value], *, unrealized_only: bool = False) -> list[Value]:
+    """Post-order DFS (inputs before users), with an explicit stack.
+
+    unrealized_only leaves out the nodes that hold a value, and the ancestors reached only
+    through them: realizing a lazy node then costs its new part of the graph, not all of it.
+    """
     order: list[Value] = []
     visited: set[int] = set()
     for root in nodes:
@@ -417,7 +422,7 @@ def find_topo_sort(nodes: Iterable[Value]) -> list[Value]:
             if expanded:
                 order.append(node)
                 continue
-            if id(node) in visited:
+            if id(node) in visited or (unrealized_only and node.cached_data is not None):
                 continue
             visited.add(id(node))
             stack.append((node, True))
