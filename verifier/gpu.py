@@ -23,6 +23,10 @@ WARPS = 8
 UNROLL = 4  # columns of a row each thread loads before using them (memory-level parallelism)
 TILE_BYTES = 16 * 1024  # shared memory for one tile of W
 ACCUMULATOR_WORDS = 64  # 32-bit registers per thread for the row accumulators
+# columns of W per launch: the tile of W is at least 32 columns wide, and float64 tiles of more
+# than 192 columns exceed the 48 KiB of static shared memory (exact mode's generic path has
+# limbs * rounds columns, up to 512): wider W is taken in slices
+MAX_COLUMNS = 128
 SPIN_NS = 200_000  # how long wait_for_ticket polls before it synchronises the stream
 
 SOURCE = r"""
@@ -139,6 +143,10 @@ def signed_and_abs(M, W, v, accumulator):
     M = cupy.ascontiguousarray(M)
     rows, cols = M.shape
     columns = W.shape[1]
+    if columns > MAX_COLUMNS:
+        parts = [signed_and_abs(M, W[:, i : i + MAX_COLUMNS], v if i == 0 else None,
+                                accumulator) for i in range(0, columns, MAX_COLUMNS)]
+        return cupy.concatenate([S for S, _ in parts], axis=1), parts[0][1]
     WT = cupy.ascontiguousarray(W.T, dtype=accumulator)
     with_abs = v is not None
     v = cupy.ascontiguousarray(v, dtype=accumulator) if with_abs else WT  # unread if no abs

@@ -103,8 +103,9 @@ __device__ __forceinline__ void fill_signs(const unsigned int* bits, long long c
             const int run = first + u * blockDim.x;
             const int q = 8 * run / VF_TILE, jj = 8 * run - q * VF_TILE;
             const long long b = (long long)q * cols + j0 + jj;
-            word[u][0] = run < runs ? __ldcg(bits + (b >> 5)) : 0u;
-            word[u][1] = run < runs ? __ldcg(bits + (b >> 5) + 1) : 0u;
+            // past width (a tile's tail) b can run up to a tile beyond the bits: not read
+            word[u][0] = run < runs && jj < width ? __ldcg(bits + (b >> 5)) : 0u;
+            word[u][1] = run < runs && jj < width ? __ldcg(bits + (b >> 5) + 1) : 0u;
         }
         #pragma unroll
         for (int u = 0; u < FILL_ITEMS; ++u) {
