@@ -100,6 +100,32 @@ def submit_as_declared(market, fee: int, jobs: list[tuple]) -> list[int]:
     return list(range(first, first + len(jobs)))
 
 
+def events_by_topic(abi: list[dict]) -> dict[bytes, dict]:
+    """A contract ABI's events by their topic 0 (the keccak of their signature)."""
+    from eth_hash.auto import keccak
+
+    return {keccak(f"{e['name']}({','.join(i['type'] for i in e['inputs'])})".encode()): e
+            for e in abi if e["type"] == "event"}
+
+
+def decode_log(log: dict, events: dict[bytes, dict]) -> tuple[str, dict] | None:
+    """(event name, its arguments) of a raw JSON-RPC log; None for an event not in `events`."""
+    from eth_abi import decode
+
+    topics = [bytes.fromhex(t[2:]) for t in log["topics"]]
+    event = events.get(topics[0]) if topics else None
+    if event is None:
+        return None
+    indexed = [i for i in event["inputs"] if i["indexed"]]
+    plain = [i for i in event["inputs"] if not i["indexed"]]
+    args = {i["name"]: decode([i["type"]], t)[0]
+            for i, t in zip(indexed, topics[1:], strict=True)}
+    args |= dict(zip([i["name"] for i in plain],
+                     decode([i["type"] for i in plain], bytes.fromhex(log["data"][2:])),
+                     strict=True))
+    return event["name"], args
+
+
 class FlakyProxy:
     """A real HTTP server on 127.0.0.1 in front of one of the node's servers that relays
     GETs and POSTs, except that the next `failures` requests are answered 503 (a store

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 from eth_abi import decode as abi_decode
-from eth_hash.auto import keccak
 from eth_utils import to_canonical_address, to_checksum_address
+from helpers import decode_log, events_by_topic
 from web3 import Web3
 
 from chain.blobs import encode_array
@@ -54,8 +54,7 @@ POOL = to_checksum_address(REWARD_POOL_ADDRESS).lower()
 
 ABI = compiled_market()["abi"]
 CONTRACT = Web3().eth.contract(address=to_checksum_address(MARKET_ADDRESS), abi=ABI)
-EVENTS = {keccak(f"{e['name']}({','.join(i['type'] for i in e['inputs'])})".encode()): e
-          for e in ABI if e["type"] == "event"}
+EVENTS = events_by_topic(ABI)
 
 
 class Revert(Exception):
@@ -357,17 +356,10 @@ class Signer:
 
 
 def decode_event(log: dict) -> tuple[str, dict]:
-    topics = [bytes.fromhex(t[2:]) for t in log["topics"]]
     assert log["address"].lower() == MARKET
-    event = EVENTS[topics[0]]
-    indexed = [i for i in event["inputs"] if i["indexed"]]
-    plain = [i for i in event["inputs"] if not i["indexed"]]
-    args = {i["name"]: abi_decode([i["type"]], t)[0] for i, t in zip(indexed, topics[1:],
-                                                                    strict=True)}
-    args |= dict(zip([i["name"] for i in plain],
-                     abi_decode([i["type"] for i in plain], bytes.fromhex(log["data"][2:])),
-                     strict=True))
-    return event["name"], args
+    decoded = decode_log(log, EVENTS)
+    assert decoded is not None, log
+    return decoded
 
 
 class Harness:

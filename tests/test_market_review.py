@@ -13,6 +13,7 @@ import vyper
 from eth_abi import decode as abi_decode
 from eth_hash.auto import keccak
 from eth_utils import ValidationError, to_canonical_address, to_checksum_address
+from helpers import decode_log, events_by_topic
 from web3 import Web3
 
 from chain.blobs import encode_array
@@ -37,8 +38,7 @@ MAX_FEE = 2**88 - 1
 OPEN, CLAIMED, COMMITTED, DONE, CANCELLED = 1, 2, 3, 4, 5
 ABI = compiled_market()["abi"]
 MARKET = Web3().eth.contract(address=to_checksum_address(MARKET_ADDRESS), abi=ABI)
-EVENTS = {keccak(f"{e['name']}({','.join(i['type'] for i in e['inputs'])})".encode()): e
-          for e in ABI if e["type"] == "event"}
+EVENTS = events_by_topic(ABI)
 JOB_FIELDS = ("submitter", "worker", "status", "aId", "bId", "cId", "batch", "m", "k", "n",
               "precision", "fee", "deadline", "commitBlock")
 
@@ -181,18 +181,10 @@ class Market:
 
     @staticmethod
     def _decode(log: dict) -> tuple:
-        topics = [bytes.fromhex(t[2:]) for t in log["topics"]]
-        event = EVENTS.get(topics[0])
-        if event is None or log["address"].lower() != MARKET.address.lower():
+        decoded = decode_log(log, EVENTS)
+        if decoded is None or log["address"].lower() != MARKET.address.lower():
             return ("foreign", log["address"])
-        indexed = [i for i in event["inputs"] if i["indexed"]]
-        plain = [i for i in event["inputs"] if not i["indexed"]]
-        args = {i["name"]: abi_decode([i["type"]], t)[0] for i, t in zip(indexed, topics[1:],
-                                                                        strict=True)}
-        args |= dict(zip([i["name"] for i in plain],
-                         abi_decode([i["type"] for i in plain], bytes.fromhex(log["data"][2:])),
-                         strict=True))
-        return event["name"], args
+        return decoded
 
 
 def names(receipt) -> list[str]:
