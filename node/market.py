@@ -28,13 +28,14 @@ from web3.datastructures import AttributeDict
 
 from chain.blobs import blob_id, encode_array
 from chain.client import ChainClient, TransactionReverted, checksummed
-from chain.params import PRECOMPILE_BASE_GAS, PRECOMPILE_ELEMENT_GAS
+from chain.precompile import check_gas
 
 JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
 STATUS_NAMES = ("none", "open", "claimed", "committed", "done", "cancelled")
 PRECISIONS = {0: "exact", 1: "fp32", 2: "tf32", 3: "bf16"}
 VERIFY_ROUNDS = 8  # ComputeMarket.VERIFY_ROUNDS: the float classes' Freivalds rounds
 EXACT_ROUNDS = 1  # ComputeMarket.EXACT_ROUNDS: the exact class's
+BLOCKHASH_WINDOW = 256  # ComputeMarket.BLOCKHASH_WINDOW: a commit is finalised within this
 # Fixed gas limits for the job lifecycle (no estimate round trip; measured use in
 # docs/protocol.md, with margin): a revert then costs only the gas used.
 CLAIM_GAS = 150_000  # measured: 87k
@@ -130,8 +131,7 @@ def finalize_gas(job: Job) -> int:
     finalize of them (and a transaction's whole gas limit must be covered by the sender's
     balance at the max fee)."""
     rounds = EXACT_ROUNDS if job.precision == 0 else VERIFY_ROUNDS
-    elements = job.batch * (job.m * job.k + job.k * job.n + job.m * job.n)
-    precompile = PRECOMPILE_BASE_GAS + (1 + rounds) * elements * PRECOMPILE_ELEMENT_GAS
+    precompile = check_gas(job.batch, job.m, job.k, job.n, rounds)
     return FINALIZE_BOOKKEEPING_GAS + precompile + precompile // 63 + 1
 
 

@@ -31,6 +31,7 @@ from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node import compute
 from node.market import (
+    BLOCKHASH_WINDOW,
     CLAIM_GAS,
     COMMIT_GAS,
     FINALIZE_JOBS_GAS,
@@ -102,7 +103,6 @@ REGISTER_GAS_ALLOWANCE = 150_000  # gas budgeted for `register` (measured: 72k)
 # a batch of small jobs is finalised in one transaction: its gas limit stays within half a
 # block (128 thin jobs such as 64 x 32768 x 64 asked for 4.9e9, which the node refused)
 BATCH_FINALIZE_GAS = GENESIS_GAS_LIMIT // 2
-FINALIZE_WINDOW_BLOCKS = 256  # ComputeMarket.BLOCKHASH_WINDOW: a commit is finalised this long
 HELD_RETRY_MAX_DELAY = 2.0  # longest wait between tries for a job this worker holds
 ADMIN_TOKEN_ENV = "NEEDLE_NET_ADMIN_TOKEN"
 
@@ -392,11 +392,11 @@ class Worker:
     def _last_block(job: Job) -> int | None:
         """The last block in which the next transaction for `job` still counts if this
         worker holds it: its commit by the claim's deadline, its finalisation within
-        FINALIZE_WINDOW_BLOCKS of the commit. None for a job it does not hold (yet)."""
+        BLOCKHASH_WINDOW of the commit. None for a job it does not hold (yet)."""
         if job.status == JOB_CLAIMED:
             return job.deadline
         if job.status == JOB_COMMITTED:
-            return job.commit_block + FINALIZE_WINDOW_BLOCKS
+            return job.commit_block + BLOCKHASH_WINDOW
         return None
 
     def _retry_for(self, job: Job, fn, *args):
@@ -727,8 +727,8 @@ class Worker:
             # block: the node then answers two requests fewer per block while the next
             # block seals (a retry sends the same transaction: never a second finalisation);
             # the commit lands after block `since`, so its finalisation counts until at least
-            # since + FINALIZE_WINDOW_BLOCKS
-            receipt, finalized = self._retry_held(since + FINALIZE_WINDOW_BLOCKS,
+            # since + BLOCKHASH_WINDOW
+            receipt, finalized = self._retry_held(since + BLOCKHASH_WINDOW,
                                                   self.chain.send_signed_after, [commit], early)
             mark("worker receipts")
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
@@ -881,7 +881,7 @@ class Worker:
         the commit's sending (`t0`): both are confirmed together."""
         verdicts = self.chain.verdicts_in(finalized)
         again = [(r, j) for r, j in committed if j.job_id not in verdicts]
-        last_block = commit_block + FINALIZE_WINDOW_BLOCKS
+        last_block = commit_block + BLOCKHASH_WINDOW
         if again:
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in again)
             receipt = self._retry_held(last_block, self.chain.send_with_gas, gas,
