@@ -8,6 +8,7 @@ reverse topological order, iteratively, so deep graphs need no recursion.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -18,23 +19,31 @@ from .backend_ndarray.ndarray import BackendDevice
 LAZY_MODE = False
 """When True, values are computed only when asked for (realize_cached_data)."""
 
-_grad_enabled = True
+
+
+class _GradMode(threading.local):
+    """Per thread, as in PyTorch: an evaluation thread's no_grad must not strip the graph
+    from the ops a training thread records at the same time."""
+
+    enabled = True
+
+
+_grad_mode = _GradMode()
 
 
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
-    """Inside this block ops record no graph (inference, optimiser updates)."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
+    """Inside this block ops record no graph (inference, optimiser updates) on this thread."""
+    previous, _grad_mode.enabled = _grad_mode.enabled, False
     try:
         yield
     finally:
-        _grad_enabled = previous
+        _grad_mode.enabled = previous
 
 
 def is_grad_enabled() -> bool:
-    """False inside no_grad(): ops then record no graph."""
-    return _grad_enabled
+    """False inside no_grad() on this thread: ops then record no graph."""
+    return _grad_mode.enabled
 
 
 class Op:
@@ -110,9 +119,10 @@ class Value:
             if not isinstance(x, Value):
                 raise TypeError(f"{type(op).__name__} takes tensors, got {type(x).__name__} {x!r}")
             requires_grad = requires_grad or x.requires_grad
-        requires_grad = requires_grad and _grad_enabled
+        grad_enabled = _grad_mode.enabled
+        requires_grad = requires_grad and grad_enabled
         value.requires_grad = requires_grad
-        if LAZY_MODE and _grad_enabled:
+        if LAZY_MODE and grad_enabled:
             value.op, value.inputs, value.cached_data = op, tuple(inputs), None
             return value
         value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])

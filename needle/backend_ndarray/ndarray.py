@@ -13,6 +13,7 @@ import importlib
 import math
 import operator
 import os
+import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -166,21 +167,29 @@ def _load(name: str) -> BackendDevice:
     return device
 
 
-_tf32 = False
+class _MatmulMode(threading.local):
+    """Per thread: a worker computing fp32 jobs in one thread of a process must not pick up
+    TF32 from a training loop's allow_tf32() in another (its results would fail the fp32
+    bound, and its stake would pay for it)."""
+
+    tf32 = False
+
+
+_matmul_mode = _MatmulMode()
 
 
 @contextlib.contextmanager
 def allow_tf32(enabled: bool = True) -> Iterator[None]:
-    """Inside this block, matmuls on devices with a TF32 tensor-core path (cuda) use it.
+    """Inside this block, matmuls this thread runs on devices with a TF32 tensor-core path
+    (cuda) use it.
 
     TF32 rounds the inputs to a 10-bit mantissa (float32 accumulation): faster, less exact.
     """
-    global _tf32
-    previous, _tf32 = _tf32, enabled
+    previous, _matmul_mode.tf32 = _matmul_mode.tf32, enabled
     try:
         yield
     finally:
-        _tf32 = previous
+        _matmul_mode.tf32 = previous
 
 
 def _check_dtype(dtype) -> None:
@@ -714,7 +723,8 @@ class NDArray:
             out.fill(0.0)
             return out
         device = self._device
-        matmul = device.__dict__.get("matmul_tf32", device.matmul) if _tf32 else device.matmul
+        tf32 = _matmul_mode.tf32 and "matmul_tf32" in device.__dict__
+        matmul = device.matmul_tf32 if tf32 else device.matmul
         matmul(self._compact_read()._handle, other._compact_read()._handle, out._handle, m, n, p)
         return out
 
