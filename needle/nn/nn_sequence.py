@@ -32,6 +32,14 @@ def _state_pair(module: Module, h) -> tuple[Tensor, Tensor]:
     return h[0], h[1]
 
 
+def _check_state_tensor(module: Module, state, what: str) -> None:
+    """An RNN state is one Tensor: an LSTM's (h, c) pair, or a list, failed with an
+    AttributeError (no .shape) instead of saying what was wrong."""
+    if state is not None and not isinstance(state, Tensor):
+        raise ValueError(f"{type(module).__name__} expects {what} as a Tensor, "
+                         f"got {type(state).__name__}")
+
+
 def _check_sequence(module: Module, X: Tensor, input_size: int) -> None:
     """X must be (seq_len, batch, input_size) with seq_len >= 1: with no step there is no
     final state to return (PyTorch refuses it too)."""
@@ -63,6 +71,7 @@ class _Cell(Module):
         state would otherwise fail deep in matmul/add, or broadcast a batch of 1 silently."""
         check_shape(self, X, 2, {1: self.input_size})
         for what, state in states.items():
+            _check_state_tensor(self, state, what)
             if state is not None:
                 check_shape(self, state, 2, {0: X.shape[0], 1: self.hidden_size}, what)
 
@@ -127,6 +136,7 @@ class RNN(Module):
     def forward(self, X: Tensor, h0: Tensor | None = None):
         first = self.rnn_cells[0]
         _check_sequence(self, X, first.input_size)
+        _check_state_tensor(self, h0, "h0")
         if h0 is not None:
             expected = {0: len(self.rnn_cells), 1: X.shape[1], 2: first.hidden_size}
             check_shape(self, h0, 3, expected, "h0")

@@ -23,19 +23,24 @@ __all__ = [
     "Transformer",
 ]
 
-_MASKED = -1e9  # added to masked logits; finite so that no inf - inf can make a NaN
+_MASKED = float("-inf")  # a masked logit: exp gives exactly 0 whatever the other logits are
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def softmax(x: Tensor) -> Tensor:
     """Softmax over the last axis, as exp(x - max) / sum so that every row sums to 1.
 
-    exp(x - logsumexp(x)) does not once |x| is large: a fully masked row (all _MASKED) has
-    logsumexp -1e9 + log(n), which float32 rounds to -1e9, so each entry came out as 1. The
-    max is a constant: softmax does not change when a constant is subtracted from a row.
+    exp(x - logsumexp(x)) does not once |x| is large (float32 rounds logsumexp = max + log(n)
+    to max). The max is a constant: softmax does not change when a constant is subtracted
+    from a row. Entries of -inf (masked) get exactly 0; a row of only -inf (a query that may
+    see no key) is uniform, as a row of equal logits: its shift is kept >= -FLOAT32_MAX so
+    that -inf - -inf makes no NaN, and its exps of 0 become a constant 1 each.
     """
     last = len(x.shape) - 1
-    top = x.realize_cached_data().max(last, keepdims=True).broadcast_to(x.shape)
-    e = ops.exp(x - Tensor.make_const(top))
+    top = x.realize_cached_data().max(last, keepdims=True)
+    empty = (top == _MASKED).broadcast_to(x.shape)  # 1 in the rows of only -inf
+    shift = top.maximum(-_FLOAT32_MAX).broadcast_to(x.shape)
+    e = ops.exp(x - Tensor.make_const(shift)) + Tensor.make_const(empty)
     total = ops.summation(e, axes=(last,)).reshape((*x.shape[:-1], 1))
     return e / ops.broadcast_to(total, x.shape)
 
@@ -54,8 +59,12 @@ class MultiHeadAttention(Module):
         self.attn_drop = Dropout(dropout)
 
     def causal_mask(self, queries: int, keys: int, device) -> Tensor:
-        """Masks key j for query i when j > i + (keys - queries) (the later positions)."""
-        mask = np.triu(np.ones((queries, keys), dtype=np.float32), keys - queries + 1) * _MASKED
+        """Masks key j for query i when j > i + (keys - queries) (the later positions).
+
+        Masked entries are -inf, not a large finite number: -1e9 added to a logit of 2e9 (or
+        to any logit beside visible ones below -1e9) let a query attend to the future."""
+        later = np.triu(np.ones((queries, keys), dtype=bool), keys - queries + 1)
+        mask = np.where(later, np.float32(_MASKED), np.float32(0.0))
         return Tensor(mask.reshape(1, 1, queries, keys), device=device, requires_grad=False)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor):
@@ -69,6 +78,9 @@ class MultiHeadAttention(Module):
             )
         batch, heads, queries, dim = q.shape
         keys = k.shape[2]
+        if keys == 0:  # softmax over no key is 0 / 0; it failed as "max of an empty axis"
+            raise ValueError(f"MultiHeadAttention expects at least one key, got k of shape "
+                             f"{tuple(k.shape)}")
         logits = ops.matmul(q, ops.transpose(k)) / float(np.sqrt(dim))
         if self.causal:
             mask = self.causal_mask(queries, keys, q.device)
@@ -177,6 +189,9 @@ class Transformer(Module):
         if not self.batch_first:
             x = ops.transpose(x, (0, 1))
         batch, length, _ = x.shape
+        if length == 0:  # as RNN and LSTM: there is nothing to attend to
+            raise ValueError(f"Transformer expects at least one position, got input of shape "
+                             f"{tuple(x.shape)}")
         if length > self.sequence_len:
             raise ValueError(f"sequence of {length} exceeds sequence_len {self.sequence_len}")
         positions = Tensor(np.arange(length), device=x.device, requires_grad=False)

@@ -21,6 +21,10 @@ class LogSumExp(TensorOp):
         self.axes = axes
 
     def compute(self, z: NDArray) -> NDArray:
+        if z.size == 0 and any(z.shape[i] == 0 for i in _reduced_axes(self.axes, z.ndim)):
+            # a sum of no exps is 0, whose log is -inf (as numpy, scipy and PyTorch give);
+            # z.max below would refuse the empty axis
+            return z.device.full(self._out_shape(z), float("-inf"))
         # the shift is kept finite: a slice of all -inf then gives -inf and one holding +inf
         # gives +inf (as scipy and PyTorch), where inf - inf would make NaN
         top = z.max(self.axes, keepdims=True).maximum(-FLOAT32_MAX)

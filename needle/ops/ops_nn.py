@@ -62,8 +62,11 @@ class SoftmaxCrossEntropy(TensorOp):
         total = exp.sum(axis=1, keepdims=True)
         self.softmax = exp / total.broadcast_to(logits.shape)
         # a -inf logit (a masked class) times its 0 in one_hot would be NaN: clamp it first
-        picked = (shifted.maximum(-FLOAT32_MAX) * self.one_hot).sum()
-        return (total.log().sum() + picked * -1.0) * (1.0 / batch)
+        picked = (shifted.maximum(-FLOAT32_MAX) * self.one_hot).sum(axis=1, keepdims=True)
+        # each row's loss is at most ~FLOAT32_MAX; summing them before dividing by the batch
+        # made two masked labels inf, so scale first and keep the mean's rounding finite too
+        mean = ((total.log() + picked * -1.0) * (1.0 / batch)).sum()
+        return (mean * -1.0).maximum(-FLOAT32_MAX) * -1.0
 
     def gradient(self, out_grad, node):
         batch = self.softmax.shape[0]
@@ -85,6 +88,9 @@ def integer_ids(ids: Tensor, what: str) -> np.ndarray:
 
 def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     """Mean cross-entropy of logits (batch, classes) against integer labels (batch,)."""
+    if logits.shape[0] == 0:  # the mean of no loss: 0 / 0 (ZeroDivisionError before)
+        raise ValueError(f"softmax_cross_entropy needs at least one example, got logits of "
+                         f"shape {tuple(logits.shape)}")
     return SoftmaxCrossEntropy(integer_ids(labels, "softmax_cross_entropy: labels"))(logits)
 
 
