@@ -236,9 +236,12 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
     bound = max(float(P) ** -rounds, 5e-324)  # p^-rounds, kept above float64's underflow
     if bound_c + product_bound >= P:  # then bound_c > product_bound: C cannot be the product
         too_large = ((C > product_bound) | (C < -product_bound)).reshape(-1, n).any(axis=1)
+        *index, row = (int(i) for i in np.unravel_index(int(too_large.argmax()),
+                                                         (*batch, C.shape[-2])))
         return VerifyResult(False, float(too_large.sum()), rounds, bound,
                             f"C has an entry of magnitude {bound_c}, above k * max|A| * max|B| "
-                            f"= {product_bound}: not the integer product of A and B")
+                            f"= {product_bound}: not the integer product of A and B (first "
+                            f"{_where(tuple(index), row)})")
     bounds, R = (bound_b, bound_c, bound_a), None
     mismatches, first = 0, None
     for index, a, b, c in _elements(xp, A, B, C, batch):

@@ -157,14 +157,23 @@ def native_mod_p(M: np.ndarray, V: np.ndarray, bound: int, limit: int | None = N
                  ) -> np.ndarray:
     """host_mod_p in one pass of exact_host.digit_sums: every digit column of V against
     each entry of M while it is in a register, and each row's largest |entry| found on the
-    way (one digit width for all rows: finding it per block first would read M twice)."""
+    way (one digit width for all rows: finding it per block first would read M twice).
+    A matrix it cannot read as it is (strided columns, another byte order, unaligned) is
+    converted in row blocks of BLOCK_BYTES, so it is never copied whole."""
     inner, cols = V.shape
     width = digit_width(bound if limit is None else limit, inner, 1 << 53)
     W = signed_digits(np, V, width).reshape(-1, inner).astype(np.float64)
-    if not (M.dtype.isnative and M.flags.aligned and M.strides[0] % M.itemsize == 0
+    check = limit is not None
+    if (M.dtype.isnative and M.flags.aligned and M.strides[0] % M.itemsize == 0
             and (M.shape[1] <= 1 or M.strides[1] == M.itemsize)):
-        M = np.ascontiguousarray(M, M.dtype.newbyteorder("="))
-    sums, magnitudes = exact_host.digit_sums(M, W, limit is not None)
+        sums, magnitudes = exact_host.digit_sums(M, W, check)
+    else:  # a layout digit_sums cannot read: converted a row block at a time, never whole
+        native = M.dtype.newbyteorder("=")
+        step = max(1, BLOCK_BYTES // (inner * M.itemsize))
+        parts = [exact_host.digit_sums(np.ascontiguousarray(M[i : i + step], native), W, check)
+                 for i in range(0, M.shape[0], step)]
+        sums = np.concatenate([part[0] for part in parts], axis=1)
+        magnitudes = np.concatenate([part[1] for part in parts]) if check else None
     limbs = sums.shape[0] // cols
     result = _host_residues(sums.reshape(limbs, cols, -1),
                             np.arange(limbs)[:, None, None] * width)
