@@ -21,7 +21,7 @@ from eth.abc import SignedTransactionAPI
 from eth.constants import GAS_TX, SECPK1_N
 from eth.vm.forks.prague.constants import STANDARD_TOKEN_COST, TOTAL_COST_FLOOR_PER_TOKEN
 from eth.vm.forks.prague.transactions import PragueTransactionBuilder
-from eth.vm.forks.shanghai.constants import MAX_INITCODE_SIZE
+from eth.vm.forks.shanghai.constants import INITCODE_WORD_COST, MAX_INITCODE_SIZE
 from eth_utils import ValidationError
 
 from chain.params import CHAIN_ID
@@ -56,6 +56,14 @@ def calldata_floor_gas(data: bytes) -> int:
     zeros = data.count(0)
     tokens = zeros + (len(data) - zeros) * STANDARD_TOKEN_COST
     return GAS_TX + TOTAL_COST_FLOOR_PER_TOKEN * tokens
+
+
+def creation_intrinsic_gas(tx: SignedTransactionAPI) -> int:
+    """A contract creation's intrinsic gas with EIP-3860's initcode charge (2 gas per
+    32-byte word), which Shanghai made part of it: py-evm charges it only once the initcode
+    runs, so a creation given py-evm's intrinsic gas alone was mined as a failure that
+    burned its gas, where the rule (and geth) refuses it."""
+    return tx.intrinsic_gas + INITCODE_WORD_COST * ((len(tx.data) + 31) // 32)
 
 
 def decode_transaction(raw: bytes) -> SignedTransactionAPI:
@@ -93,9 +101,10 @@ def decode_transaction(raw: bytes) -> SignedTransactionAPI:
 def check_prague_limits(tx: SignedTransactionAPI) -> None:
     """Prague's validity rules on a transaction's gas and data that py-evm does not enforce:
     EIP-7623's calldata floor (py-evm mined a transaction below it and charged the floor,
-    gasUsed above the gas limit the sender signed) and EIP-3860's initcode limit (mined as a
-    failure that burned all its gas). TxRejected says which; the node applies it to every
-    transaction it admits (Node._admit)."""
+    gasUsed above the gas limit the sender signed), EIP-3860's initcode limit and its
+    initcode charge in the intrinsic gas (both mined as failures that burned all their
+    gas). TxRejected says which; the node applies it to every transaction it admits
+    (Node._admit)."""
     floor = calldata_floor_gas(tx.data)
     if tx.gas < floor:
         raise TxRejected(f"intrinsic gas too low: gas {tx.gas} is below the calldata floor "
@@ -103,6 +112,10 @@ def check_prague_limits(tx: SignedTransactionAPI) -> None:
     if not tx.to and len(tx.data) > MAX_INITCODE_SIZE:
         raise TxRejected(f"max initcode size exceeded: {len(tx.data)} bytes, the limit is "
                          f"{MAX_INITCODE_SIZE} (EIP-3860)")
+    if not tx.to and tx.gas < (intrinsic := creation_intrinsic_gas(tx)):
+        raise TxRejected(f"intrinsic gas too low: gas {tx.gas} is below the intrinsic gas "
+                         f"{intrinsic} of a creation with {len(tx.data)} bytes of initcode "
+                         "(EIP-3860)")
 
 
 def decode_all(raws: list[bytes]) -> list[SignedTransactionAPI | TxRejected]:

@@ -34,7 +34,15 @@ from chain.admission import (
 )
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES, BlobStore
 from chain.consensus import verified_work, work_seal
-from chain.db import DATABASE_FILE, DataDirError, SqliteDB, lock_data_dir, unreadable
+from chain.db import (
+    DATABASE_FILE,
+    DataDirError,
+    SqliteDB,
+    lock_data_dir,
+    store_unsealed,
+    take_unsealed,
+    unreadable,
+)
 from chain.genesis import genesis_params, genesis_state
 from chain.params import REWARD_POOL_ADDRESS
 from chain.timeline import mark
@@ -159,6 +167,7 @@ class Node:
         self._admitted_since_seal = False
         self._admitting = 0  # admissions in progress (read by the producer)
         self._admissions = threading.Lock()
+        self._readmit_unsealed()
 
     def _load_chain(self, chain_class: type[Chain]) -> Chain:
         """The stored chain, or a new one from genesis in an empty database. A database sqlite
@@ -178,6 +187,18 @@ class Node:
         chain = chain_class.from_genesis(base_db, genesis_params(), genesis_state())
         self.db.flush()
         return chain
+
+    def _readmit_unsealed(self) -> None:
+        """Admit again what the last stop could not seal (``_keep_unsealed``); one no longer
+        valid is logged and dropped."""
+        raws = take_unsealed(self.db)
+        for raw in raws:
+            try:
+                self.admit(raw)
+            except TxRejected as exc:
+                log.warning("dropped a transaction kept at the last stop: %s", exc)
+        if raws:
+            self.db.flush()
 
     # --- state ---------------------------------------------------------------------------------
     def head(self):
@@ -406,7 +427,8 @@ class Node:
 
     def stop(self) -> None:
         """Stop producing; transactions admitted (their hashes answered) but not yet sealed
-        are sealed first, so a stop loses none (only a crash does)."""
+        are sealed first, and those that cannot be (behind a nonce gap) are stored for the
+        next start, so a stop loses none (only a crash does)."""
         with self.mempool.lock:
             self._stop = True
             self._wake.notify_all()
@@ -414,6 +436,7 @@ class Node:
             self._thread.join(timeout=30)
         if self._thread is None or not self._thread.is_alive():
             self._seal_pending()
+            self._keep_unsealed()
         if self.decoder is not None:
             self.decoder.close()
         self._release_data_dir()
@@ -421,12 +444,23 @@ class Node:
     def _seal_pending(self) -> None:
         """Seal blocks while the pending transactions go into them: those beyond one block
         (``max_block_txs``, the gas limit) were lost, though acknowledged. What is left waits
-        behind a nonce gap and cannot be sealed."""
+        behind a nonce gap and cannot be sealed (``_keep_unsealed``)."""
         try:
             while len(self.mempool) and self.seal().transactions:
                 pass
         except Exception:  # noqa: BLE001 - stopping goes on; the rest is lost as in a crash
             log.exception("sealing the pending transactions at stop failed")
+
+    def _keep_unsealed(self) -> None:
+        """Store what the stop left pending: a transaction behind a nonce gap was lost,
+        though its hash was answered, and its sender's filling the gap after the restart
+        mined nothing more. The next start admits it again (``_readmit_unsealed``)."""
+        with self.mempool.lock:
+            raws = [tx.encode() for tx in self.mempool.by_hash.values()]
+        try:
+            store_unsealed(self.db, raws)
+        except Exception:  # noqa: BLE001 - stopping goes on; they are lost as in a crash
+            log.exception("storing %d unsealed transactions at stop failed", len(raws))
 
     def _release_data_dir(self) -> None:
         self.db.close()
