@@ -368,14 +368,14 @@ class ChainClient:
 
     def send(self, fn_call, value: int = 0, gas: int | None = None):
         """Sign, send and wait for a contract call; raises TransactionReverted on status 0.
-        A refusal for "nonce too low" means another client (a second process with this key)
-        took the nonce: the call did not run, and it is signed once more with the node's
+        A refusal because another client (a second process with this key) took the nonce
+        (`nonce_taken`) means the call did not run: it is signed once more with the node's
         next nonce."""
         try:
             return self.send_signed(fn_call, self.sign(fn_call, value=value, gas=gas),
                                     value)[-1]
         except Web3RPCError as err:
-            if "nonce too low" not in str(err):
+            if not nonce_taken(err):
                 raise
         return self.send_signed(fn_call, self.sign(fn_call, value=value, gas=gas), value)[-1]
 
@@ -427,6 +427,16 @@ class ChainClient:
         self.blobs.close()
         self.w3.provider.connections.close()
         self.http.close()
+
+
+def nonce_taken(refusal: Web3RPCError) -> bool:
+    """Whether the node refused a transaction because another one from its sender (a second
+    client with this key) took its nonce: mined already ("nonce too low"), or pending and
+    not replaceable. The refused transaction never runs (`send_signed` has already told a
+    resend of this very transaction from these), so it may be signed again with the next
+    nonce without paying twice."""
+    message = str(refusal)
+    return "nonce too low" in message or "already used by a pending transaction" in message
 
 
 def _refused(answer: dict) -> Web3RPCError:

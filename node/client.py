@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import numbers
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 from eth_account import Account
+from eth_utils import keccak
+from web3.exceptions import Web3RPCError
 
 from chain.blobs import encode_header
+from chain.client import nonce_taken
 from chain.timeline import mark
 from node.compute import may_overflow
 from node.market import (
@@ -28,6 +32,7 @@ from node.market import (
     Market,
     TxReverted,
     is_transient,
+    node_refusal,
     submit_jobs_gas,
 )
 
@@ -39,6 +44,7 @@ PRECISION_CODES = {"exact": 0, "fp32": 1, "tf32": 2, "bf16": 3}
 MIB = 1 << 20
 MAX_BATCH_JOBS = 256  # ComputeMarket.MAX_BATCH_JOBS: the jobs one submitJobs opens
 MAX_TIMEOUT_BLOCKS = 100_000  # ComputeMarket.MAX_TIMEOUT_BLOCKS
+SUBMIT_SENDS = 5  # sends of one submission whose answers are lost, at most
 
 
 class RemoteJobError(RuntimeError):
@@ -155,6 +161,7 @@ class _Pending:
     # (its id, C or the RemoteJobError its fetch or check raised)
     early: tuple[bytes, np.ndarray | RemoteJobError] | None = None
     result: np.ndarray | None = None
+    nudge_refused: str = ""  # why the node refused this client's latest finalize or reopen
 
 
 def default_key():
@@ -240,10 +247,12 @@ class JobClient:
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()
         mark("job uploaded")
+        signed = None
         try:
             signed = signing.result() if signing else \
                 self._sign_submission(flat, shapes, precisions)
-            receipt = self.market.send_signed(signed)
+            receipt = self._send_submission(
+                signed, lambda: self._sign_submission(flat, shapes, precisions))
         except KeyboardInterrupt:
             raise KeyboardInterrupt(
                 "interrupted while the submission was sent: it may still open the job; "
@@ -251,12 +260,39 @@ class JobClient:
         except Exception as err:
             if signing:
                 self.market.client.forget_nonce()  # in case signing failed after its nonce
-            raise RemoteJobError("submit", f"{type(err).__name__}: {err}") from err
+            message = f"{type(err).__name__}: {err}"
+            if signed is not None and is_transient(err):  # it may have reached the node
+                message += (f"; the submission (transaction 0x{keccak(signed[1]).hex()}) may "
+                            "still open the jobs: `needle-net jobs` lists them and "
+                            "`needle-net cancel JOB_ID` refunds each")
+            raise RemoteJobError("submit", message) from err
         job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
         now = time.perf_counter()
         return [_Pending(job_id, a, b, p, receipt["blockNumber"],
                          times={"start": start, "uploaded": uploaded, "submitted": now})
                 for job_id, (a, b), p in zip(job_ids, pairs, precisions, strict=True)]
+
+    def _send_submission(self, signed: tuple, sign_again: Callable[[], tuple]):
+        """Send the signed submitJobs and wait for its receipt. Where the node's answer was
+        lost (a cut connection, a restart) the same transaction is sent again: its jobs open
+        at most once (the node knows it, or its nonce is used and its receipt is found), and
+        a submission that did open them is not reported as failed, to be paid for again. Where
+        another client with this key took its nonce it never runs, and is signed again once
+        with the next nonce."""
+        end = time.monotonic() + self.timeout
+        sends, signed_again = 0, False
+        while True:
+            sends += 1
+            try:
+                return self.market.send_signed(signed)
+            except Web3RPCError as err:
+                if signed_again or not nonce_taken(err):
+                    raise
+                signed, signed_again = sign_again(), True
+            except Exception as err:
+                if not is_transient(err) or sends >= SUBMIT_SENDS or time.monotonic() > end:
+                    raise
+                time.sleep(self.poll_interval)
 
     def _sign_submission(self, flat_ids: list[bytes], shapes: list[tuple],
                          precisions: list[str]) -> tuple:
@@ -346,7 +382,8 @@ class JobClient:
             except Exception as err:  # noqa: BLE001 - reported: the job stays open
                 return (f"job {p.job_id} is still open, cancelling it failed ({err}): "
                         f"`needle-net cancel {p.job_id}` refunds it")
-        return (f"job {p.job_id} was taken by a worker and cannot be cancelled now: "
+        refused = f" ({p.nudge_refused})" if p.nudge_refused else ""
+        return (f"job {p.job_id} was taken by a worker and cannot be cancelled now{refused}: "
                 f"`needle-net fetch {p.job_id} -o C.npy` gets its result once it is done, "
                 f"`needle-net cancel {p.job_id}` refunds it if it is reopened")
 
@@ -407,15 +444,21 @@ class JobClient:
     def _nudge(self, p: _Pending, head: int) -> None:
         """Keep a job moving when its worker does not."""
         if p.stage == "claimed" and head > p.deadline:
-            self._try("reopenExpired", p.job_id)  # the worker missed its deadline
+            self._try("reopenExpired", p)  # the worker missed its deadline
         elif p.stage == "committed" and head > p.commit_block + FINALIZE_PATIENCE_BLOCKS:
-            self._try("finalize", p.job_id)  # nobody finalised: do it ourselves
+            self._try("finalize", p)  # nobody finalised: do it ourselves
 
-    def _try(self, fn_name: str, job_id: int) -> None:
+    def _try(self, fn_name: str, p: _Pending) -> None:
+        """Send a nudge; tried again with the next block unless a worker got there first.
+        A nudge the node refuses (this account cannot pay its gas, say) is no reason to
+        stop following a job that its worker or anyone else may still finalise: the
+        refusal is kept for the message if the wait times out."""
         try:
-            self.market.send(fn_name, job_id)
+            self.market.send(fn_name, p.job_id)
         except TxReverted:
             pass  # a worker got there first
+        except Web3RPCError as err:
+            p.nudge_refused = f"{fn_name} sent by this client: {node_refusal(err)}"
         except Exception as err:
             if not is_transient(err):
                 raise  # else tried again with the next block
