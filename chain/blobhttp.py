@@ -10,6 +10,7 @@ bytes) and receives into one preallocated buffer of the announced size, hashing 
 from __future__ import annotations
 
 import asyncio
+import errno
 import http.client
 import json
 import struct
@@ -44,8 +45,11 @@ SEND_STEP = 1 << 20  # a streamed upload checks between sends whether the store 
 BODY_TIMEOUT = 120.0  # an upload whose next body bytes take longer is dropped (408)
 DRAIN_LIMIT = 1 << 30  # the unread body of a refused upload is read and dropped up to this
 # much (so the client, which sends its whole body before reading, gets the reply)
+LENGTH_DIGITS = 20  # a Content-Length with more significant digits is refused (> 2**64)
+REPLY_BYTES = 1 << 16  # a store's JSON reply or error text, at most (the client refuses more)
 ALLOWED = b"GET, HEAD, PUT"  # the methods of /blobs/0x<id> (405's Allow; POST is /blobs/'s)
 CLOSE = ((b"connection", b"close"),)
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # 507, not 500
 
 
 class BlobError(ValueError):
@@ -161,10 +165,22 @@ class BatchReceiver:
             writer.abort()
 
 
+def parse_length(value: str | bytes) -> int | None:
+    """A Content-Length value as a number; None unless it is plain ASCII digits (int() also
+    takes "+5", "1_0" and other scripts' digits) with at most LENGTH_DIGITS significant ones.
+    Leading zeros are allowed: int() alone raised ValueError past 4300 digits, zeros
+    included (a traceback and no reply, where the length was a valid one)."""
+    digits = value.decode("latin-1") if isinstance(value, bytes) else value
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= LENGTH_DIGITS else None
+
+
 def declared_length(scope) -> int | None:
     """A request's Content-Length; None if it has none (chunked, or no body)."""
     declared = dict(scope["headers"]).get(b"content-length")
-    return None if declared is None else int(declared)  # uvicorn refuses a non-number
+    return None if declared is None else parse_length(declared)  # uvicorn checked it
 
 
 def unframed(scope) -> bool:
@@ -194,6 +210,16 @@ def commit_reply(store: BlobStore, uploads: list[tuple[BlobWriter, bytes]], batc
         return 200, {"ids": stored}
     writer, id_ = uploads[0]
     return 200, {"id": "0x" + id_.hex(), "size": writer.size}
+
+
+def store_failure(exc: OSError) -> tuple[int, dict]:
+    """The reply to an upload the store could not write (its temp files already removed):
+    507 when the disk, a quota or a file size limit is full, else 500, naming the cause;
+    before, the listener cut the connection (a client retried it as network trouble) and the
+    main port answered a bare 500 with a traceback in its log."""
+    status = 507 if exc.errno in DISK_FULL_ERRNOS else 500
+    return status, {"error": f"not stored: the blob store could not write it: "
+                             f"{exc.strerror or exc}"}
 
 
 def not_found(id_: bytes) -> dict:
@@ -301,6 +327,9 @@ class BlobApp:
         except BlobTooLarge as exc:
             await json_reply(send, 413, {"error": str(exc)}, headers=unbounded(declared))
             return
+        except OSError as exc:  # no temp file to be had
+            await json_reply(send, *store_failure(exc), headers=unbounded(declared))
+            return
         watch = BodyWatch(self.body_timeout)
         try:
             more = True
@@ -320,14 +349,20 @@ class BlobApp:
             writer.abort()
             await json_reply(send, 408, {"error": str(exc)}, headers=CLOSE)
             return
+        except OSError as exc:  # the store's disk: the body comes from uvicorn, not a socket
+            writer.abort()
+            await json_reply(send, *store_failure(exc), headers=unbounded(declared))
+            return
         except BaseException:
             writer.abort()
             raise
         finally:
             watch.close()
-        # fsync off the event loop: concurrent uploads then share the disk's flushes
-        await json_reply(send, *await asyncio.to_thread(commit_reply, self.store,
-                                                        [(writer, id_)], False))
+        try:  # fsync off the event loop: concurrent uploads then share the disk's flushes
+            reply = await asyncio.to_thread(commit_reply, self.store, [(writer, id_)], False)
+        except OSError as exc:  # the writer is aborted
+            reply = store_failure(exc)
+        await json_reply(send, *reply)
 
     async def _post_batch(self, scope, receive, send) -> None:
         """`POST <mount>` (`BatchReceiver`). Replies the stored ids, or 400 naming each
@@ -359,12 +394,20 @@ class BlobApp:
             batch.abort()
             await json_reply(send, 408, {"error": str(exc)}, headers=CLOSE)
             return
+        except OSError as exc:  # the store's disk
+            batch.abort()
+            await json_reply(send, *store_failure(exc), headers=unbounded(declared))
+            return
         except BaseException:
             batch.abort()
             raise
         finally:
             watch.close()
-        await json_reply(send, *await asyncio.to_thread(commit_reply, self.store, uploads, True))
+        try:
+            reply = await asyncio.to_thread(commit_reply, self.store, uploads, True)
+        except OSError as exc:  # every writer is aborted
+            reply = store_failure(exc)
+        await json_reply(send, *reply)
 
     async def _get(self, id_: bytes, send, head: bool) -> None:
         try:
@@ -522,6 +565,23 @@ class BlobClient:
             self.connections = connections = self.fallback  # for every thread from now on
             return connections.request(send)
 
+    def _reply(self, response: http.client.HTTPResponse) -> bytes:
+        """A reply's body (JSON or an error text), read only up to `REPLY_BYTES`: a longer
+        one, declared or sent (chunked, or until the connection closes), is refused and its
+        connection closed; before, a hostile or broken store's endless error reply was read
+        whole into memory, and a huge declared length allocated up front."""
+        declared = response.length  # None: chunked, or until the connection closes
+        body = b""
+        if declared is None or declared <= REPLY_BYTES:
+            while len(body) <= REPLY_BYTES and \
+                    (more := response.read(REPLY_BYTES + 1 - len(body))):
+                body += more
+        if len(body) > REPLY_BYTES or (declared or 0) > REPLY_BYTES:
+            self.connections.current().close()  # the rest must not reach the next request
+            raise BlobError(f"blob store answered {response.status} with a reply over "
+                            f"{REPLY_BYTES} bytes")
+        return body
+
     def _checked_size(self, parts: list) -> tuple[list[memoryview], int]:
         """A blob's buffers as byte views and its size, within the limit (checked before
         anything is sent)."""
@@ -548,7 +608,7 @@ class BlobClient:
         else:
             id_ = _blob_id(views)
             response = self._request("PUT", id_, views, size)
-        body = response.read()
+        body = self._reply(response)
         if response.status != 200:
             raise BlobError(f"blob store refused 0x{id_.hex()}: {response.status} "
                             f"{body[:200].decode(errors='replace')}")
@@ -570,7 +630,7 @@ class BlobClient:
         # one buffer: small blobs as separate sends would each be a syscall and a segment
         body = b"".join(frames)
         response = self._request("POST", None, [body], len(body))
-        body = response.read()
+        body = self._reply(response)
         if response.status != 200:
             raise BlobError(f"blob store refused a batch of {len(blobs)}: {response.status} "
                             f"{body[:300].decode(errors='replace')}")
@@ -642,12 +702,16 @@ class BlobClient:
         `bytearray`'s ~45 (4 KiB faults and a memset) before the first byte lands."""
         response = self._request("GET", id_)
         if response.status != 200:
-            body = response.read()
+            body = self._reply(response)
             if response.status == 404:
                 raise BlobNotFound(f"blob 0x{id_.hex()} not found in the blob store")
             raise BlobError(f"blob 0x{id_.hex()}: {response.status} {body[:200]!r}")
-        size = int(response.getheader("content-length", "-1"))
-        if not 0 <= size <= self.max_bytes:
+        size = parse_length(response.getheader("content-length", ""))
+        if size is None:
+            self.connections.current().close()
+            raise BlobError(f"blob 0x{id_.hex()}: the store sent no usable Content-Length "
+                            f"({response.getheader('content-length', 'none')[:40]!r})")
+        if size > self.max_bytes:
             self.connections.current().close()  # its unread body must not reach the next request
             raise BlobError(f"blob 0x{id_.hex()} of {size} bytes exceeds the "
                             f"{self.max_bytes}-byte limit")

@@ -28,6 +28,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from http import HTTPStatus
 from typing import BinaryIO
 from urllib.parse import urlsplit
@@ -36,10 +37,13 @@ from chain.blobhttp import (
     ALLOWED,
     DRAIN_LIMIT,
     FRAME_LENGTH,
+    LENGTH_DIGITS,
     BatchReceiver,
     blob_route,
     commit_reply,
     not_found,
+    parse_length,
+    store_failure,
 )
 from chain.blobs import BlobStore, BlobTooLarge, parse_id
 
@@ -56,6 +60,24 @@ IDLE_TIMEOUT = 120.0  # a connection silent this long (between or inside request
 
 class BadRequest(ValueError):
     """A request this listener cannot parse (answered 400 and the connection closed)."""
+
+
+class StoreFailed(Exception):
+    """The store's disk failed an upload (answered by `store_failure`). Not an OSError: those
+    are the client's socket failing, which ends the connection without a reply."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextmanager
+def _store_writes() -> Iterator[None]:
+    """Around the store's part of an upload: its OSErrors become StoreFailed."""
+    try:
+        yield
+    except OSError as exc:
+        raise StoreFailed(exc) from exc
 
 
 class BufferPool:
@@ -335,7 +357,10 @@ class _Request:
             raise BadRequest("Content-Length is negative")
         if not (length.isascii() and length.isdigit()):  # int() takes "+5" and "1_0" too
             raise BadRequest("Content-Length is not a number")
-        self.length = int(length)
+        parsed = parse_length(length)
+        if parsed is None:
+            raise BadRequest(f"Content-Length over {LENGTH_DIGITS} digits")
+        self.length = parsed
         connection = self.headers.get("connection", "").lower()
         self.keep_alive = connection != "close" and (version != "HTTP/1.0"
                                                      or connection == "keep-alive")
@@ -555,16 +580,28 @@ class BlobServer:
             writer = self.store.writer(request.length)
         except BlobTooLarge as exc:
             return self._refuse(stream, request, 413, {"error": str(exc)})
+        except OSError as exc:  # no temp file to be had
+            return self._refuse(stream, request, *store_failure(exc))
         self._continue(stream, request)
         reserved = self._reserve(request.length)
+        received = 0
         try:
             for piece in stream.body(request.length):
-                writer.write(piece)
-                while (step := writer.lagging()) is not None:
-                    step.result()  # the disk or the hash is behind
+                received += len(piece)
+                with _store_writes():
+                    writer.write(piece)
+                    while (step := writer.lagging()) is not None:
+                        step.result()  # the disk or the hash is behind
                 if not reserved:
                     stream.release(writer.settled)
-            reply = commit_reply(self.store, [(writer, id_)], False)
+            with _store_writes():
+                reply = commit_reply(self.store, [(writer, id_)], False)
+        except StoreFailed as failed:
+            writer.abort()
+            stream.forget()
+            self.recent.release(reserved)
+            return self._refuse(stream, request, *store_failure(failed.error),
+                                unread=request.length - received)
         except BaseException:
             writer.abort()
             stream.forget()
@@ -600,15 +637,23 @@ class BlobServer:
             reserved = self._reserve(request.length)  # a one-blob body is cached
             for piece in stream.body(request.length, lead=FRAME_LENGTH.size):
                 received += len(piece)
-                if batch.holds_too_much():
-                    batch.finish_held()
-                while (step := batch.lagging()) is not None:
-                    step.result()  # a large blob's disk or hash is behind
-                if not reserved:
-                    stream.release(batch.settled())
-                batch.feed(piece)
+                with _store_writes():
+                    if batch.holds_too_much():
+                        batch.finish_held()
+                    while (step := batch.lagging()) is not None:
+                        step.result()  # a large blob's disk or hash is behind
+                    if not reserved:
+                        stream.release(batch.settled())
+                    batch.feed(piece)
             uploads = batch.end()
-            reply = commit_reply(self.store, uploads, True)
+            with _store_writes():
+                reply = commit_reply(self.store, uploads, True)
+        except StoreFailed as failed:
+            batch.abort()
+            stream.forget()
+            self.recent.release(reserved)
+            return self._refuse(stream, request, *store_failure(failed.error),
+                                unread=request.length - received)
         except ValueError as exc:
             batch.abort()
             stream.forget()
