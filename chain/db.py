@@ -31,6 +31,7 @@ from chain.dirlock import DirLocked, lock_dir
 from chain.tries import encode_node
 
 _DELETED = None
+_ABSENT = object()  # a key the write buffer does not mention
 DATABASE_FILE = "chain.sqlite"
 LOCK_FILE = "LOCK"  # held (flock) by the node using the data dir; holds its pid
 CACHE_ENTRIES = 1 << 17  # trie nodes are ~100-600 bytes: tens of MB at most
@@ -95,11 +96,11 @@ class SqliteDB(BaseDB):
         value = self._cache.get(key)
         if value is not None:
             return value
-        with self._lock:
+        with self._lock:  # remembered under the lock too: a flush then cannot come between
             row = self._conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            return None
-        self._remember(key, row[0])
+            if row is None:
+                return None
+            self._remember(key, row[0])
         return row[0]
 
     def _remember(self, key: bytes, value: bytes) -> None:
@@ -108,9 +109,8 @@ class SqliteDB(BaseDB):
         self._cache[key] = value
 
     def __getitem__(self, key: bytes) -> bytes:
-        if key in self._pending:
-            value = self._pending[key]
-        else:
+        value = self._pending.get(key, _ABSENT)  # one read: a flush may swap the dict
+        if value is _ABSENT:
             value = self._read(key)
         if value is None:
             raise KeyError(key)
@@ -125,9 +125,8 @@ class SqliteDB(BaseDB):
         self._pending[key] = _DELETED
 
     def _exists(self, key: bytes) -> bool:
-        if key in self._pending:
-            return self._pending[key] is not None
-        return self._read(key) is not None
+        value = self._pending.get(key, _ABSENT)
+        return (self._read(key) if value is _ABSENT else value) is not None
 
     def holds_data(self) -> bool:
         """Whether anything was ever stored (a database without a head is then damaged)."""
@@ -135,11 +134,22 @@ class SqliteDB(BaseDB):
             return self._conn.execute("SELECT 1 FROM kv LIMIT 1").fetchone() is not None
 
     def flush(self) -> int:
-        """Write every buffered change in one transaction; returns how many keys changed."""
-        pending, self._pending = self._pending, {}
-        writes = [(k, v) for k, v in pending.items() if v is not None]
-        deletes = [(k,) for k, v in pending.items() if v is None]
+        """Write every buffered change in one transaction; returns how many keys changed.
+
+        The cache takes the changes before the buffer is emptied, under the lock that reads
+        of the file take: a reader during the commit, which finds a key in neither, gets its
+        new value (it got the cache's older one: reads went back in time while a block was
+        written)."""
         with self._lock:
+            pending = self._pending
+            for key, value in pending.items():
+                if value is None:
+                    self._cache.pop(key, None)
+                else:
+                    self._remember(key, value)
+            self._pending = {}
+            writes = [(k, v) for k, v in pending.items() if v is not None]
+            deletes = [(k,) for k, v in pending.items() if v is None]
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 self._conn.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", writes)
@@ -151,13 +161,9 @@ class SqliteDB(BaseDB):
             except BaseException:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
+                self._cache.clear()  # it took changes the file does not hold
                 self._pending = {**pending, **self._pending}
                 raise
-        for key, value in pending.items():
-            if value is None:
-                self._cache.pop(key, None)
-            else:
-                self._remember(key, value)
         return len(pending)
 
     def discard(self) -> None:

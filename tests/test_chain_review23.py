@@ -2,10 +2,13 @@
 processes and signed transactions: what the rules refuse is refused with a clear JSON-RPC
 error and costs nothing, and what a node acknowledged survives a stop. Each test fails on
 the node before its fix."""
+import threading
+
 import httpx
 import pytest
 from eth_hash.auto import keccak
 
+from chain.db import SqliteDB
 from chain.devnet import dev_accounts
 from chain.node import Node, NodeConfig
 from chain.params import CHAIN_ID
@@ -123,3 +126,57 @@ def test_a_transaction_behind_a_nonce_gap_survives_a_stop(tmp_path):
         assert len(node.mempool) == 0
     finally:
         node.stop()
+
+
+class _CommitHook:
+    """The database's sqlite connection, running `during_commit` just before each COMMIT."""
+
+    def __init__(self, conn, during_commit):
+        self._conn, self._during_commit = conn, during_commit
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT":
+            self._during_commit()
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_a_read_while_a_flush_commits_never_goes_back_in_time(tmp_path):
+    """flush() emptied the write buffer before its commit and updated the cache after it: a
+    reader in between (an RPC thread while the producer wrote a block) found a key in
+    neither and got the cache's older value, after it had seen the new one in the buffer,
+    or a deleted key's old value."""
+    db = SqliteDB(tmp_path / "chain.sqlite")
+    written, deleted = b"w" * 32, b"d" * 32
+    db[written], db[deleted] = b"old", b"old"
+    db.flush()
+    assert db[written] == b"old" and db[deleted] == b"old"  # both cached now
+    db[written] = b"new"
+    del db[deleted]
+    assert db[written] == b"new" and not db._exists(deleted)
+    seen, blocked = {}, []
+
+    def read(key):
+        try:
+            seen[key] = db[key]
+        except KeyError:
+            seen[key] = KeyError
+
+    def during_commit():
+        reader = threading.Thread(target=read, args=(written,))
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive()  # the written value comes from the cache at once
+        reader = threading.Thread(target=read, args=(deleted,))
+        reader.start()
+        reader.join(0.2)  # a deleted key is read from the file: after the commit
+        blocked.append(reader)
+
+    db._conn = _CommitHook(db._conn, during_commit)
+    db.flush()
+    blocked[0].join(10)
+    assert seen == {written: b"new", deleted: KeyError}
+    assert db[written] == b"new" and not db._exists(deleted)
+    db.close()
