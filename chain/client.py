@@ -316,9 +316,11 @@ class ChainClient:
 
     def forget_nonce(self) -> None:
         """Ask the node for the next nonce (and fee) again: a transaction `sign` made was not
-        sent, or may not have been taken."""
-        self._nonce = None
-        self._fee = None
+        sent, or may not have been taken. Under the lock `sign` takes: between its read of
+        the nonce and its increment this made None + 1."""
+        with self._lock:
+            self._nonce = None
+            self._fee = None
 
     def send_raw(self, raw: bytes) -> bytes:
         """eth_sendRawTransaction straight through the provider (web3's method pipeline
