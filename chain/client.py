@@ -136,10 +136,10 @@ class ChainClient:
     def _max_fee(self) -> int:
         """Twice the node's gas price, asked at most every FEE_REFRESH_S: the base fee moves
         by at most 1/8 per block, so the margin covers several blocks."""
-        now = time.monotonic()
-        if self._fee is None or now - self._fee[0] > FEE_REFRESH_S:
-            self._fee = (now, self.w3.eth.gas_price * 2)
-        return self._fee[1]
+        now, fee = time.monotonic(), self._fee  # one read: forget_nonce may clear it
+        if fee is None or now - fee[0] > FEE_REFRESH_S:
+            fee = self._fee = (now, self.w3.eth.gas_price * 2)
+        return fee[1]
 
     def wait_for_block(self, number: int, timeout: float) -> int:
         """Wait until block `number` is sealed or `timeout` seconds pass; returns the head.
