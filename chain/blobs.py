@@ -17,7 +17,7 @@ import struct
 import tempfile
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import blake3
@@ -200,8 +200,12 @@ class BlobStore:
                     errors.append(f"blob {i} (0x{id_.hex()}): {exc}")
             if len(checked) == 1:
                 checked[0].persist()
-            else:
-                list(self.sync_pool.map(BlobWriter.persist, checked))
+            else:  # all ended before any error is raised: the aborts below must not close a
+                # file descriptor that another writer's persist is still using
+                persists = [self.sync_pool.submit(BlobWriter.persist, w) for w in checked]
+                wait(persists)
+                for persist in persists:
+                    persist.result()
             if checked:
                 self.sync_directory()
         except BaseException:
