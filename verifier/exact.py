@@ -131,6 +131,23 @@ def matmul_mod_p(xp: ModuleType, M, V, bound: int, limit: int | None = None):
     return result
 
 
+def stacked_mod_p(M: np.ndarray, V: np.ndarray, bound: int) -> np.ndarray:
+    """(count, rows, cols) M_i V_i mod p for a host stack of integer matrices M (count, rows,
+    inner) with |M| <= bound and _float64_digits(bound, inner), and V (count, inner, cols) in
+    [0, p) (int64): the digits of matmul_mod_p's float64 path, all taken in one batched
+    matmul, so a stack of small products costs no Python call per product."""
+    count, inner, cols = V.shape
+    width = digit_width(bound, inner, 1 << 53)
+    digits = signed_digits(np, V.reshape(-1, cols).T, width)  # (limbs, count * inner, cols)
+    limbs = digits.shape[0]
+    D = np.moveaxis(digits.reshape(limbs, count, inner, cols), 0, 2)  # digit t: column t cols+j
+    D = D.reshape(count, inner, limbs * cols).astype(np.float64)
+    sums = np.matmul(M.astype(np.float64), D).astype(np.int64)  # each within 2^53: exact
+    residues = sums + (P & (sums >> 63))  # |sum| < p: mod p adds p to a negative
+    shifts = np.arange(limbs, dtype=np.int64)[:, None] * width
+    return _recombine(np, residues.reshape(count, -1, limbs, cols), shifts, axis=2)
+
+
 def _float64_digits(bound: int, inner: int) -> bool:
     """Whether entries up to bound take digits of at least 8 bits in float64."""
     return bound < SPLIT and digit_width(bound, inner, 1 << 53) >= 8
