@@ -24,6 +24,7 @@ from web3.exceptions import Web3RPCError
 
 from chain.blobs import encode_header
 from chain.client import nonce_taken
+from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node.compute import may_overflow
 from node.market import (
@@ -31,6 +32,7 @@ from node.market import (
     UPLOAD_THREADS,
     Market,
     TxReverted,
+    finalize_gas_for,
     is_transient,
     node_refusal,
     submit_jobs_gas,
@@ -100,7 +102,13 @@ def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int
             raise ValueError(f"inner dimension k = {a.shape[-1]} is too large for a float32 "
                              f"job: the verifier bounds rounding errors only for k < "
                              f"{MAX_INNER}; split the product along k")
-    return batch, a.shape[-2], a.shape[-1], b.shape[-1]
+    dims = batch, a.shape[-2], a.shape[-1], b.shape[-1]
+    gas = finalize_gas_for(*dims, a.dtype != np.float32)
+    if gas > GENESIS_GAS_LIMIT:  # possible only where a node allows blobs above 256 MiB
+        raise ValueError(f"A {a.shape} @ B {b.shape} would need {gas} gas to be verified, above "
+                         f"the block gas limit {GENESIS_GAS_LIMIT}: no worker could be paid "
+                         "for it; split the product")
+    return dims
 
 
 def _check_exact_range(a: np.ndarray, b: np.ndarray) -> None:

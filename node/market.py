@@ -123,6 +123,11 @@ def submit_jobs_gas(count: int) -> int:
 
 
 def finalize_gas(job: Job) -> int:
+    """`finalize_gas_for` a job on chain."""
+    return finalize_gas_for(job.batch, job.m, job.k, job.n, job.precision == 0)
+
+
+def finalize_gas_for(batch: int, m: int, k: int, n: int, exact: bool) -> int:
     """A gas limit for `finalize` that always suffices and no more: the precompile's cost,
     which the chain charges exactly from the declared shapes and the class's rounds
     (docs/protocol.md), the 1/64 of the gas that the contract's call to it keeps back
@@ -130,8 +135,7 @@ def finalize_gas(job: Job) -> int:
     jobs from 6144^3 on ask for more than the block gas limit, and the node refused every
     finalize of them (and a transaction's whole gas limit must be covered by the sender's
     balance at the max fee)."""
-    rounds = EXACT_ROUNDS if job.precision == 0 else VERIFY_ROUNDS
-    precompile = check_gas(job.batch, job.m, job.k, job.n, rounds)
+    precompile = check_gas(batch, m, k, n, EXACT_ROUNDS if exact else VERIFY_ROUNDS)
     return FINALIZE_BOOKKEEPING_GAS + precompile + precompile // 63 + 1
 
 

@@ -221,3 +221,22 @@ def test_a_finalize_the_node_refuses_does_not_end_the_wait(node, worker):
         filler.close()
     (c,) = box["result"]
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_job_whose_verification_passes_the_block_gas_limit_is_refused_before_submission():
+    """With a node allowing blobs above 256 MiB, 15000x1 @ 1x15000 float32 passed every check
+    and opened a job no worker could be paid for: its finalize needs more gas than a block."""
+    from chain.params import GENESIS_GAS_LIMIT
+    from node.client import validate_operands
+
+    def precompile_gas(m, k, n):  # docs/protocol.md: 5000 + (1 + rounds) per element
+        return 5000 + (1 + 8) * (m * k + k * n + m * n)
+
+    limit = 1 << 31
+    big = np.ones((15000, 1), np.float32), np.ones((1, 15000), np.float32)
+    assert precompile_gas(15000, 1, 15000) > GENESIS_GAS_LIMIT
+    with pytest.raises(ValueError, match="above the block gas limit"):
+        validate_operands(*big, limit)
+    fits = np.ones((14000, 1), np.float32), np.ones((1, 14000), np.float32)
+    assert precompile_gas(14000, 1, 14000) * 64 // 63 < GENESIS_GAS_LIMIT - 10**6
+    assert validate_operands(*fits, limit) == (1, 14000, 1, 14000)
