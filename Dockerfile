@@ -43,7 +43,7 @@ COPY --from=build /opt/needle-net /opt/needle-net
 ENV PATH=/opt/needle-net/bin:$PATH NEEDLE_NET_CACHE=/opt/needle-net/cache PYTHONUNBUFFERED=1
 # Compile the market contract once at build time, not in every container on first start.
 RUN python -c "from chain.compile import compiled_market; compiled_market()"
-COPY deploy /opt/needle-net/deploy
+COPY deploy/worker-entrypoint.sh deploy/dev_faucet.py deploy/demo_operands.py /opt/needle-net/deploy/
 RUN python /opt/needle-net/deploy/demo_operands.py /opt/needle-net/demo
 WORKDIR /var/lib/needle-net
 EXPOSE 8545 8600
