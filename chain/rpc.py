@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import re
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import rlp
 from eth._utils.address import generate_contract_address
 from eth.exceptions import HeaderNotFound, OutOfGas, Revert, TransactionNotFound
 from eth.vm.spoof import SpoofTransaction
+from eth.vm.stack import Stack
 from eth_abi import decode as abi_decode
 from eth_utils import to_checksum_address
 from fastapi import FastAPI, Request
@@ -40,6 +42,14 @@ MAX_TOPICS = 4  # LOG0..LOG4: a filter with more positions can match nothing (ge
 # per level, and with the recursion limit py_ecc sets (100,000) a body of ~100k '[' (200 kB)
 # overflowed the C stack and killed the node. A JSON-RPC request nests a handful of levels.
 MAX_JSON_DEPTH = 256
+# requests one batch may hold (geth: 1000): every item runs, so a batch of 10^5 calls or full
+# blocks held the node for minutes and built a reply of hundreds of MB
+MAX_BATCH = 4096
+# seconds of EVM execution (eth_call, eth_estimateGas) one HTTP request may spend, over all
+# of its batch (geth's --rpc.evmtimeout is 5 s a call): execution holds the node's lock, and
+# a call of the block's 2e9 gas of cheap opcodes ran for ~10 minutes, stalling the chain
+RPC_EVM_TIMEOUT = 5.0
+DEADLINE_CHECK_POPS = 1024  # stack pops between two looks at the clock
 
 
 class RpcError(Exception):
@@ -228,6 +238,54 @@ def revert_error(output: bytes) -> RpcError:
     return RpcError(3, f"execution reverted{reason}", d(output))
 
 
+class ExecutionTimeout(Exception):
+    """An RPC call ran past its deadline. Not a VMError, so py-evm does not record it as the
+    call's outcome: it leaves the (discarded) costless state at once."""
+
+
+_execution = threading.local()  # this thread's request: its EVM time left, a call's deadline
+
+
+class DeadlineValues(list):
+    """A stack's values whose ``pop`` looks at the call's deadline every DEADLINE_CHECK_POPS
+    pops: every loop iteration (JUMP, JUMPI) and every call pops, and straight code is
+    bounded by its size, so no execution outlives its deadline by much."""
+
+    __slots__ = ("deadline", "countdown")
+
+    def pop(self, *index):
+        self.countdown -= 1
+        if self.countdown <= 0:
+            self.countdown = DEADLINE_CHECK_POPS
+            if time.monotonic() > self.deadline:
+                raise ExecutionTimeout
+        return list.pop(self, *index)
+
+
+class DeadlineStack(Stack):
+    """py-evm's stack over DeadlineValues (its bound methods rebound to them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        values = DeadlineValues()
+        values.deadline = getattr(_execution, "deadline", math.inf)
+        values.countdown = DEADLINE_CHECK_POPS
+        self.values, self._append, self._pop, self.__len__ = (
+            values, values.append, values.pop, values.__len__)
+
+
+@functools.cache
+def deadline_computation(base: type) -> type:
+    """``base`` (the VM's computation class) with DeadlineStack as every frame's stack."""
+
+    class DeadlineComputation(base):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._stack = DeadlineStack()
+
+    return DeadlineComputation
+
+
 class BlockCache:
     """Blocks with their receipts and JSON logs, by number; most recent ones kept."""
 
@@ -294,9 +352,14 @@ class Rpc:
 
     # --- dispatch ------------------------------------------------------------------------------
     def handle(self, payload) -> dict | list | None:
+        _execution.left = RPC_EVM_TIMEOUT  # this request's EVM time, shared by its batch
         if isinstance(payload, list):
             if not payload:
                 return self._error(None, RpcError(-32600, "invalid request: empty batch"))
+            if len(payload) > MAX_BATCH:
+                return self._error(None, RpcError(
+                    -32600, f"invalid request: batch of {len(payload)} requests; at most "
+                            f"{MAX_BATCH}"))
             decoded = self._decode_raw_transactions(payload)
             replies = [self._one(item, decoded.get(i)) for i, item in enumerate(payload)]
             # a batch of notifications only is answered with nothing, not [] (JSON-RPC 2.0)
@@ -414,17 +477,39 @@ class Rpc:
 
     def _execute(self, call: dict, tag, allowance: int | None = None):
         """Run a call in the context of the block after ``tag`` (costless, discarded), with
-        at most ``allowance`` gas where given (eth_estimateGas's cap)."""
-        header = self.header_at(tag)
-        with self.node.chain.get_vm(header).in_costless_state() as state:
-            tx = self._spoof(call, state, min(header.gas_limit, allowance or header.gas_limit))
-            computation = state.costless_execute_transaction(tx)
+        at most ``allowance`` gas where given (eth_estimateGas's cap); a failed execution
+        is raised as its RpcError."""
+        tx, computation = self._run(call, tag, allowance)
         if computation.is_error:
             if isinstance(computation.error, Revert):
                 raise revert_error(computation.output)
             if allowance is not None and isinstance(computation.error, OutOfGas):
                 raise RpcError(-32000, f"gas required exceeds allowance ({tx.gas})")
             raise RpcError(-32000, f"execution failed: {computation.error!r}")
+        return tx, computation
+
+    def _run(self, call: dict, tag, allowance: int | None = None):
+        """``_execute``'s run: the transaction and its computation, failed or not; within
+        what is left of the request's RPC_EVM_TIMEOUT."""
+        header = self.header_at(tag)
+        left = getattr(_execution, "left", RPC_EVM_TIMEOUT)
+        if left <= 0:
+            raise RpcError(-32000, f"execution aborted (timeout = {RPC_EVM_TIMEOUT:g}s): "
+                                   "this request's execution time is spent")
+        started = time.monotonic()
+        _execution.deadline = started + left
+        try:
+            with self.node.chain.get_vm(header).in_costless_state() as state:
+                tx = self._spoof(call, state,
+                                 min(header.gas_limit, allowance or header.gas_limit))
+                state.computation_class = deadline_computation(state.computation_class)
+                computation = state.costless_execute_transaction(tx)
+        except ExecutionTimeout:
+            raise RpcError(-32000, f"execution aborted (timeout = {RPC_EVM_TIMEOUT:g}s)") \
+                from None
+        finally:
+            _execution.left = left - (time.monotonic() - started)
+            _execution.deadline = math.inf
         return tx, computation
 
     def _block_json(self, block, full: bool) -> dict:
@@ -563,7 +648,26 @@ class Rpc:
             raise RpcError(-32000, f"gas required exceeds allowance ({allowance}): the calldata "
                                    f"floor is {floor} (EIP-7623)")
         # a call forwards at most 63/64 of its gas: leave room for the callee's share
-        return q(min(allowance, max(floor, used + used // 63 + 2_300)))
+        estimate = min(allowance, max(floor, used + used // 63 + 2_300))
+        if any(child.children for child in computation.children):
+            # calls two or more levels deep keep 1/64 at each level: the margin above falls
+            # short (a call two levels down that needs 1M gas failed with the estimate)
+            estimate = self._lowest_sufficient_gas(call, block, estimate, allowance)
+        return q(estimate)
+
+    def _lowest_sufficient_gas(self, call: dict, tag, guess: int, allowance: int) -> int:
+        """The least gas (within 1/64) from ``guess`` up with which the call succeeds, by
+        geth's binary search; the allowance is known to suffice."""
+        def enough(gas: int) -> bool:
+            return not self._run({**call, "gas": None}, tag, gas)[1].is_error
+
+        if enough(guess):
+            return guess
+        low, high = guess, allowance
+        while high - low > high // 64:
+            middle = (low + high) // 2
+            low, high = (low, middle) if enough(middle) else (middle, high)
+        return high
 
     def rpc_eth__gasPrice(self):
         return q(self.node.next_base_fee() + PRIORITY_FEE)
@@ -679,8 +783,20 @@ class Rpc:
             first = self.node.head().block_number + 1  # only logs of blocks still to come
         fid = q(next(self.filter_ids))
         self._install(fid, {"kind": "logs", "criteria": log_filter, "matched": matched,
-                            "next": first})
+                            "next": first, "last": self._filter_end(log_filter.get("toBlock"))})
         return fid
+
+    @staticmethod
+    def _filter_end(to_block) -> int | None:
+        """The last block a log filter's polls cover: None to follow the head (every tag but
+        "earliest" is the head here), else its number, which may be ahead of the head. Read
+        at install: a tag read on each poll as a number made every poll of a filter to
+        "finalized" or "safe" fail."""
+        if to_block in (None, "latest", "pending", "safe", "finalized"):
+            return None
+        if to_block == "earliest":
+            return 0
+        return parse_quantity(to_block, "toBlock")
 
     def _install(self, fid: str, spec: dict) -> None:
         """Add a filter; filters nobody polled for FILTER_TTL seconds are dropped (as geth)."""
@@ -703,9 +819,7 @@ class Rpc:
         first, f["next"] = f["next"], head + 1
         if f["kind"] == "blocks":
             return [d(self.node.chain.get_canonical_block_hash(n)) for n in range(first, head + 1)]
-        last = head
-        if f["criteria"].get("toBlock") not in (None, "latest", "pending"):
-            last = min(head, parse_quantity(f["criteria"]["toBlock"], "toBlock"))
+        last = head if f["last"] is None else min(head, f["last"])
         return self._matching_logs(*f["matched"], first, last)
 
     def rpc_eth__getFilterLogs(self, filter_id):
