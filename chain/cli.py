@@ -101,6 +101,8 @@ def _listeners(host: str, port: int, blob_port: int | None) -> tuple[socket.sock
     `port` + 1, or any free port if that one is taken."""
     from chain.blobserver import listen
 
+    if blob_port and blob_port == port:  # else "blob port P is in use", by the node itself
+        _fail(f"--blob-port must differ from --port ({port})")
     rpc = _listen(host, port, "port")
     if blob_port is not None:
         try:

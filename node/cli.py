@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import signal
 import stat
+import threading
+from collections.abc import Iterator
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -14,7 +18,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from chain.cli import app as chain_app
@@ -26,6 +30,7 @@ if TYPE_CHECKING:
 DEFAULT_RPC = "http://127.0.0.1:8545"
 ETHER = 10**18
 TRANSFER_GAS = 21_000
+MAX_WEI = 2**256 - 1  # the EVM's largest value
 
 
 class _ErrorLines(TyperGroup):
@@ -117,13 +122,76 @@ def _revert_reason(err: Exception) -> str:
     return str(err)
 
 
-def _wei(amount: float, what: str, allow_zero: bool = False) -> int:
-    """ETH as wei, refusing NaN, infinity and amounts the chain cannot take."""
-    wei = int(round(amount * ETHER)) if math.isfinite(amount) else -1
-    if wei < 0 or (wei == 0 and not allow_zero):
+def _ether(text: str | Decimal) -> Decimal:
+    """An amount of ETH as typed, exactly: parsed as a float, `1.1` became
+    1.100000000000000128 ETH on chain and `1.0000000000000000001` silently 1."""
+    if isinstance(text, Decimal):
+        return text
+    try:
+        return Decimal(str(text).strip())
+    except InvalidOperation:
+        raise typer.BadParameter(f"{text!r} is not a number of ETH") from None
+
+
+def _wei(amount: Decimal, what: str, allow_zero: bool = False) -> int:
+    """ETH as wei, exactly; refusing NaN, infinity, amounts the chain cannot take, and
+    digits below 1 wei (1e-18 ETH), which would be rounded away."""
+    if not amount.is_finite() or amount < 0 or (amount == 0 and not allow_zero):
         _fail(f"{what} must be {'zero or more' if allow_zero else 'positive'} (ETH, finite), "
               f"got {amount}")
+    if amount == 0:
+        return 0
+    # exponents are checked before any digits are expanded (1e999999999, 1e-999999999)
+    if amount.adjusted() > len(str(MAX_WEI)) - 18:
+        _fail(f"{what} is more ETH than the chain can hold, got {amount}")
+    if amount.adjusted() < -18:
+        _fail(f"{what} has digits below 1 wei (1e-18 ETH), got {amount}")
+    _, digits, exponent = amount.as_tuple()
+    coefficient, shift = int("".join(map(str, digits))), exponent + 18
+    wei, below_one_wei = (coefficient * 10**shift, 0) if shift >= 0 else \
+        divmod(coefficient, 10**-shift)
+    if below_one_wei:
+        _fail(f"{what} has digits below 1 wei (1e-18 ETH), got {amount}")
+    if wei > MAX_WEI:
+        _fail(f"{what} is more ETH than the chain can hold, got {amount}")
     return wei
+
+
+def _eth(wei: int, decimals: int = 0) -> str:
+    """Wei as ETH in exact decimal digits (`1.1`, not `1.1e+00` or a rounded `1.23457e+06`),
+    with at least `decimals` of them after the point."""
+    whole, fraction = divmod(wei, ETHER)
+    digits = f"{fraction:018d}".rstrip("0").ljust(decimals, "0")
+    return f"{whole}.{digits}" if digits else str(whole)
+
+
+def _table(*headers: str) -> Table:
+    """A table whose cells wrap rather than end in `…`: at 80 columns (a pipe, a log, a
+    narrow terminal) `jobs` showed a worker as `0x70997970C51812dc3…`, and `devnet up` its
+    workers' addresses the same way."""
+    return Table(*(Column(header, overflow="fold") for header in headers))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[list[int]]:
+    """Have SIGTERM (`timeout`, `kill`, a supervisor stopping the job) interrupt like Ctrl-C,
+    so that the client cancels its open job and the fee comes back: before, the process
+    died at once and left the fee in an open job. The list yielded fills when SIGTERM came.
+    Only the main thread can set a handler; elsewhere SIGTERM stays as it was."""
+    terminated: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield terminated
+        return
+
+    def interrupt(signum: int, _frame) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _require_positive(value: float, option: str, unit: str) -> None:
@@ -219,7 +287,7 @@ def devnet_up(
     with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port) as net:
         try:  # Ctrl-C while starting too: say so before the (up to 15 s per process) shutdown
             net.start(workers)
-            table = Table("process", "address", "API / dashboard")
+            table = _table("process", "address", "API / dashboard")
             table.add_row("chain", "", net.rpc_url)
             table.add_row("blob store", "", httpx.get(f"{net.rpc_url}/info").json()["blob_url"])
             for w in net.workers:
@@ -237,9 +305,10 @@ def worker_up(
     data_dir: Annotated[Path, typer.Option(help="Keystore and job state.")] = Path(
         ".needle-net/worker"),
     password_file: PasswordFile = None,
-    stake: Annotated[float, typer.Option(help="Stake to hold, in ETH (>= the market minimum).")
-                     ] = 1.0,
-    min_fee: Annotated[float, typer.Option(help="Ignore jobs paying less (ETH).")] = 0.0,
+    stake: Annotated[Decimal, typer.Option(
+        parser=_ether, help="Stake to hold, in ETH (>= the market minimum).")] = Decimal("1"),
+    min_fee: Annotated[Decimal, typer.Option(parser=_ether, help="Ignore jobs paying less (ETH).")
+                       ] = Decimal("0"),
     max_flops: Annotated[float, typer.Option(help="Largest job accepted (FLOPs).")] = 2 * 4096**3,
     max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.", min=1)] = 8,
     poll_interval: Annotated[float, typer.Option(
@@ -300,7 +369,8 @@ def submit(
     rpc_url: RpcUrl = DEFAULT_RPC,
     keystore: Keystore = None,
     password_file: PasswordFile = None,
-    fee: Annotated[float, typer.Option(help="Fee per job in ETH.")] = 0.001,
+    fee: Annotated[Decimal, typer.Option(parser=_ether, help="Fee per job in ETH.")
+                   ] = Decimal("0.001"),
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the verified result.")
                        ] = 120.0,
     deadline: Annotated[int, typer.Option(
@@ -321,14 +391,15 @@ def submit(
     a, b = _load_operand(a_path), _load_operand(b_path)
     client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=fee_wei,
                        timeout=timeout, timeout_blocks=deadline, progress=True)
-    try:
-        c = client.matmul(a, b)
-    except RemoteJobError as err:
-        _fail(str(err))
-    except KeyboardInterrupt as err:
-        _fail(str(err) or "interrupted", code=130)
-    finally:
-        client.close()
+    with _sigterm_as_interrupt() as terminated:
+        try:
+            c = client.matmul(a, b)
+        except RemoteJobError as err:
+            _fail(str(err))
+        except KeyboardInterrupt as err:
+            _fail(str(err) or "interrupted", code=(128 + signal.SIGTERM) if terminated else 130)
+        finally:
+            client.close()
     _save(output, c)
     console.print(f"wrote {output} {c.shape} {c.dtype}: verified on chain and by this client")
 
@@ -360,7 +431,7 @@ def cancel(
         market.send("cancel", job_id)
     finally:
         market.close()
-    console.print(f"cancelled job {job_id}: {job.fee_wei / ETHER:g} ETH refunded to "
+    console.print(f"cancelled job {job_id}: {_eth(job.fee_wei)} ETH refunded to "
                   f"{job.submitter}")
 
 
@@ -416,14 +487,14 @@ def jobs(
     from node.market import PRECISIONS, STATUS_NAMES, Market
 
     market = Market(rpc_url, dev_account(0))
-    table = Table("job", "status", "batch×m×k×n", "precision", "fee (ETH)", "worker")
+    table = _table("job", "status", "batch×m×k×n", "precision", "fee (ETH)", "worker")
     try:
         count = market.job_count()
         for job_id in range(count - 1, max(-1, count - 1 - limit), -1):
             job = market.job(job_id)
             table.add_row(str(job_id), STATUS_NAMES[job.status],
                           f"{job.batch}×{job.m}×{job.k}×{job.n}", PRECISIONS[job.precision],
-                          f"{job.fee_wei / ETHER:g}", job.worker)
+                          _eth(job.fee_wei), job.worker)
     finally:
         market.close()
     console.print(table)
@@ -451,8 +522,8 @@ def balance(
         wei = market.balance_of(address)
     finally:
         market.close()
-    console.print(f"{address}\n  balance {wei / ETHER:.6f} ETH\n"
-                  f"  stake   {stake / ETHER:.6f} ETH (active claims {claims}"
+    console.print(f"{address}\n  balance {_eth(wei, 6)} ETH\n"
+                  f"  stake   {_eth(stake, 6)} ETH (active claims {claims}"
                   f"{f', withdrawal from block {withdraw_block}' if withdraw_block else ''})")
 
 
@@ -492,7 +563,7 @@ def keys_show(
 @app.command()
 def send(
     to: Annotated[str, typer.Argument(help="Recipient address (0x...).")],
-    amount: Annotated[float, typer.Argument(help="ETH to transfer.")],
+    amount: Annotated[Decimal, typer.Argument(parser=_ether, help="ETH to transfer.")],
     rpc_url: RpcUrl = DEFAULT_RPC,
     keystore: Keystore = None,
     password_file: PasswordFile = None,
@@ -510,7 +581,7 @@ def send(
     to = _address(to)
     value = _wei(amount, "amount")
     account = _account(keystore, password_file)
-    if not yes and not typer.confirm(f"send {amount:g} ETH from {account.address} to {to}?"):
+    if not yes and not typer.confirm(f"send {_eth(value)} ETH from {account.address} to {to}?"):
         _fail("cancelled")
     client = ChainClient(rpc_url, account.key)
     try:
@@ -521,17 +592,19 @@ def send(
             tx_hash = client.w3.eth.send_raw_transaction(account.sign_transaction(tx)
                                                          .raw_transaction)
         except Web3RPCError as err:  # the node's refusal, e.g. insufficient funds
-            _fail(f"transfer refused: {err}")
+            from node.market import node_refusal  # its message, not the JSON-RPC dict
+
+            _fail(f"transfer refused: {node_refusal(err).removeprefix('the chain node refused: ')}")
         receipt = client.wait_for_receipt(tx_hash)
     finally:
         client.close()
-    console.print(f"sent {amount:g} ETH to {to} in block {receipt['blockNumber']} "
+    console.print(f"sent {_eth(value)} ETH to {to} in block {receipt['blockNumber']} "
                   f"(tx {tx_hash.to_0x_hex()})")
 
 
 @app.command()
 def stake(
-    amount: Annotated[float, typer.Argument(help="ETH to add to the stake.")],
+    amount: Annotated[Decimal, typer.Argument(parser=_ether, help="ETH to add to the stake.")],
     rpc_url: RpcUrl = DEFAULT_RPC,
     keystore: Keystore = None,
     password_file: PasswordFile = None,
@@ -547,10 +620,10 @@ def stake(
     try:
         balance = market.balance_of(market.address)
         if value > balance:
-            _fail(f"insufficient funds: {market.address} holds {balance / ETHER:g} ETH, "
-                  f"cannot stake {amount:g} ETH")
+            _fail(f"insufficient funds: {market.address} holds {_eth(balance)} ETH, "
+                  f"cannot stake {_eth(value)} ETH")
         market.send("register", value=value)
-        console.print(f"stake is now {market.stake_of(market.address) / ETHER:g} ETH")
+        console.print(f"stake is now {_eth(market.stake_of(market.address))} ETH")
     finally:
         market.close()
 
@@ -577,7 +650,7 @@ def withdraw(
         else:
             receipt = market.send("withdraw")
             amount = market.events_in(receipt, "Withdrawn")[0]["amount"]
-            console.print(f"withdrew {amount / ETHER:g} ETH")
+            console.print(f"withdrew {_eth(amount)} ETH")
     finally:
         market.close()
 

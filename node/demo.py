@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from node.client import JobClient, RemoteJobError
 from node.devnet import Devnet, DevnetError
@@ -115,8 +115,9 @@ def _show(net: Devnet, workers: int, console: Console) -> None:
 
     console.rule("3. what each party saw and earned")
     after = _balances(client, parties)
-    table = Table("party", "address", "jobs verified", "fees earned (ETH)",
-                  "balance change (ETH)")
+    # cells wrap rather than end in `…`: at 80 columns the addresses were cut short
+    table = Table(*(Column(header, overflow="fold") for header in (
+        "party", "address", "jobs verified", "fees earned (ETH)", "balance change (ETH)")))
     table.add_row("client", client.address, "", "",
                   f"{(after[client.address] - before[client.address]) / ETHER:+.6f}")
     for w in net.workers:

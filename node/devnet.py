@@ -83,6 +83,8 @@ class Devnet:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.blob_port = blob_port  # None: chain up's default (port + 1, else any free one)
+        if blob_port and blob_port == self.port:  # else the chain node exits, "in use"
+            raise DevnetError(f"the blob port must differ from the chain port {self.port}")
         _require_free(self.port, "chain")
         if blob_port:
             _require_free(blob_port, "blob")
