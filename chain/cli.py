@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import signal
 import socket
 from enum import Enum
 from pathlib import Path
@@ -82,11 +83,20 @@ def up(
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level))
     node.start()
     blobs.start()
+    # uvicorn catches SIGTERM, shuts down, then raises it again for the handler it found:
+    # the default one ended the process before node.stop() sealed what it had accepted
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         server.run(sockets=[rpc_listener])
     finally:
         blobs.close()
         node.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_signal(signum: int, _frame) -> None:
+    """Leave through the `finally` blocks (exit status 128 + signum, as a shell reports)."""
+    raise SystemExit(128 + signum)
 
 
 def _fail(message: str) -> NoReturn:

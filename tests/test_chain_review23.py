@@ -10,6 +10,7 @@ from eth_hash.auto import keccak
 
 from chain.db import SqliteDB
 from chain.devnet import dev_accounts
+from chain.launch import NodeProcess
 from chain.node import Node, NodeConfig
 from chain.params import CHAIN_ID
 
@@ -180,3 +181,22 @@ def test_a_read_while_a_flush_commits_never_goes_back_in_time(tmp_path):
     assert seen == {written: b"new", deleted: KeyError}
     assert db[written] == b"new" and not db._exists(deleted)
     db.close()
+
+
+def test_sigterm_seals_what_the_node_accepted_and_keeps_what_waits_behind_a_gap(tmp_path):
+    """`chain up` under SIGTERM (docker stop, NodeProcess.stop): uvicorn raised the signal
+    again for the default handler after its shutdown, which ended the process before
+    node.stop() ran: an accepted transfer was gone after the restart (head still 0)."""
+    sender, gapped = dev_accounts(5)[3:5]
+    args = ("--no-seal-on-pending",)  # with an hour between blocks, only a stop seals
+    with NodeProcess(tmp_path / "data", block_time=3600, extra_args=args) as node:
+        accepted = rpc(node, "eth_sendRawTransaction", "0x" + signed(sender, 0).hex())
+        behind_gap = rpc(node, "eth_sendRawTransaction", "0x" + signed(gapped, 1).hex())
+        assert "result" in accepted and "result" in behind_gap, (accepted, behind_gap)
+        node.stop()
+        assert node.proc.returncode == 143, node.log_path.read_text()[-2000:]
+    with NodeProcess(tmp_path / "data", block_time=3600, extra_args=args) as node:
+        receipt = rpc(node, "eth_getTransactionReceipt", accepted["result"])["result"]
+        assert receipt is not None and int(receipt["status"], 16) == 1
+        assert pending_nonce(node, gapped) == 0  # its nonce 1 waits, kept over the stop
+        assert rpc(node, "eth_getTransactionByHash", behind_gap["result"])["result"] is not None
