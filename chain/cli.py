@@ -85,7 +85,7 @@ def up(
     blobs.start()
     # uvicorn catches SIGTERM, shuts down, then raises it again for the handler it found:
     # the default one ended the process before node.stop() sealed what it had accepted
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    previous = signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         server.run(sockets=[rpc_listener])
     finally:
@@ -94,7 +94,7 @@ def up(
         signal.signal(signal.SIGTERM, previous)
 
 
-def _exit_on_signal(signum: int, _frame) -> None:
+def exit_on_signal(signum: int, _frame) -> None:
     """Leave through the `finally` blocks (exit status 128 + signum, as a shell reports)."""
     raise SystemExit(128 + signum)
 

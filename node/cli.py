@@ -22,6 +22,7 @@ from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from chain.cli import app as chain_app
+from chain.cli import exit_on_signal
 from node import keys
 
 if TYPE_CHECKING:
@@ -74,10 +75,6 @@ def _account(keystore: Path | None, password_file: Path | None):
 
         return dev_account(0)
     return keys.load_keystore(keystore, keys.read_password(password_file))
-
-
-def _exit_on_signal(*_) -> None:
-    raise SystemExit(0)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -283,7 +280,7 @@ def devnet_up(
     from node.devnet import Devnet
 
     _require_dir(data_dir, "--data-dir")
-    signal.signal(signal.SIGTERM, _exit_on_signal)  # leave through `with`: stop the children
+    signal.signal(signal.SIGTERM, exit_on_signal)  # leave through `with`: stop the children
     with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port) as net:
         try:  # Ctrl-C while starting too: say so before the (up to 15 s per process) shutdown
             net.start(workers)

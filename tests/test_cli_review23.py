@@ -229,12 +229,13 @@ def test_devnet_up_at_80_columns_shows_whole_worker_addresses(tmp_path):
             lines.append(line)
             if "Ctrl-C to stop" in line:
                 break
-        up.send_signal(signal.SIGINT)
+        up.send_signal(signal.SIGTERM)  # stops the devnet like Ctrl-C, reported as a signal
         rest, _ = up.communicate(timeout=120)
     finally:
         up.kill()
     output = "".join(lines) + rest
     assert "Ctrl-C to stop" in output, output
+    assert up.returncode == 128 + signal.SIGTERM, output  # was 0, as if it had finished
     address = keys.read_keyfile(data_dir / "worker0" / "key.json")["address"]
     rows = {row[0]: row for row in _table_rows(output)}
     assert rows["worker 0"][1] == Web3.to_checksum_address(address), output
