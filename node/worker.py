@@ -99,6 +99,11 @@ PEER_ACTIVE_BLOCKS = 100  # a worker that claimed nothing for this long is no lo
 PEER_GRACE_SECONDS = 0.5  # how long a job waits for each peer ranked before this worker
 API_SHUTDOWN_SECONDS = 10.0
 FINISHED = ("verified", "failed", "lost", "error", "expired", "skipped")
+# finished jobs kept in memory (for /jobs and the dashboard); older ones are only in the
+# journal and in the totals /status reports. Keeping them all grew memory, every /status,
+# /jobs and state save with the node's whole history (/jobs: ~5 s of CPU at 100k jobs,
+# and the dashboard asks every second)
+HISTORY_JOBS = 1000
 REGISTER_GAS_ALLOWANCE = 150_000  # gas budgeted for `register` (measured: 72k)
 # a batch of small jobs is finalised in one transaction: its gas limit stays within half a
 # block (128 thin jobs such as 64 x 32768 x 64 asked for 4.9e9, which the node refused)
@@ -177,13 +182,19 @@ class Worker:
         self._state_path = Path(config.data_dir) / "worker-state.json"
         self._journal_path = Path(config.data_dir) / "worker-jobs.jsonl"
         self._unjournaled: list[JobRecord] = []  # finished, not yet in the journal
+        # finished jobs no longer in self.jobs (HISTORY_JOBS): their outcomes and fees earned
+        self._forgotten_stages: dict[str, int] = dict.fromkeys(FINISHED, 0)
+        self._forgotten_earned = 0
         self._api_socket = self._bind_api()
         self._next_block, self.jobs, waiting = self._load_state()
         # open jobs seen before a restart but not taken (busy, or a peer's turn): their
         # JobSubmitted lies before the block the scan resumes from; looked up when taken
         self._watch(dict.fromkeys(waiting))
-        # the gauge counts what the books hold, not only what this run earned (/status does)
-        self.metrics.earned.set(sum(j.fee_wei for j in self.jobs if j.stage == "verified"))
+        with self._lock:
+            self._forget_old_jobs()
+            # the gauge counts what the books hold, not only what this run earned (as
+            # /status does)
+            self.metrics.earned.set(self._earned_wei())
         self._saved_block = self._next_block
         self._api_server = None
         self._withdrawing = False
@@ -249,22 +260,45 @@ class Worker:
             if stage in FINISHED:
                 record.seconds = time.time() - record.started
                 self._unjournaled.append(record)
+                if len(self.jobs) > 2 * HISTORY_JOBS:  # amortised: one pass per HISTORY_JOBS
+                    self._forget_old_jobs()
         if save:
             self._save_state()
+
+    def _forget_old_jobs(self) -> None:
+        """Drop all but the latest HISTORY_JOBS finished jobs from memory (under the lock;
+        jobs in flight stay), counting their outcomes and fees in the totals. They stay in
+        the journal."""
+        finished = [r for r in self.jobs if r.stage in FINISHED]
+        old = {id(r) for r in finished[:max(0, len(finished) - HISTORY_JOBS)]}
+        if not old:
+            return
+        for record in finished[:len(old)]:
+            self._forgotten_stages[record.stage] += 1
+            if record.stage == "verified":
+                self._forgotten_earned += record.fee_wei
+        self.jobs = [r for r in self.jobs if id(r) not in old]
+
+    def _earned_wei(self) -> int:
+        """Fees of every verified job in the books, forgotten ones included (under the
+        lock)."""
+        return self._forgotten_earned + sum(j.fee_wei for j in self.jobs if j.stage == "verified")
 
     # -- views for the API ---------------------------------------------------------------
 
     def status(self) -> dict:
+        """Totals over every job this node did (`in_flight` is the jobs in flight now)."""
         with self._lock:
             stages = [j.stage for j in self.jobs]
-            earned = sum(j.fee_wei for j in self.jobs if j.stage == "verified")
+            earned = self._earned_wei()
+            forgotten = dict(self._forgotten_stages)
         return {
             "address": self.address,
             "device": compute.device_name(self.device),
             "accepting_jobs": not self._stop.is_set() and not self._withdrawing,
             "in_flight": sum(s not in FINISHED for s in stages),
-            "completed": stages.count("verified"),
-            "failed": stages.count("failed"),
+            "completed": forgotten["verified"] + stages.count("verified"),
+            "failed": forgotten["failed"] + stages.count("failed"),
             "earned_wei": earned,
             "stake_wei": self._stake_wei,
             "balance_wei": self._balance_wei,
@@ -272,6 +306,8 @@ class Worker:
         }
 
     def job_list(self) -> list[dict]:
+        """The jobs in flight and the latest HISTORY_JOBS finished ones, newest first (all
+        finished ones are in the journal, worker-jobs.jsonl)."""
         with self._lock:
             return [asdict(j) for j in reversed(self.jobs)]
 
