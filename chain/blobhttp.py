@@ -13,6 +13,7 @@ import asyncio
 import errno
 import http.client
 import json
+import logging
 import struct
 import threading
 from collections.abc import Callable
@@ -49,7 +50,13 @@ LENGTH_DIGITS = 20  # a Content-Length with more significant digits is refused (
 REPLY_BYTES = 1 << 16  # a store's JSON reply or error text, at most (the client refuses more)
 ALLOWED = b"GET, HEAD, PUT"  # the methods of /blobs/0x<id> (405's Allow; POST is /blobs/'s)
 CLOSE = ((b"connection", b"close"),)
+STORE_HEADER = "x-blob-store"  # a store's `identity`, on every reply of both blob servers
+CONNECT_TIMEOUT = 3.0  # s: a blob port that does not accept sooner is taken as firewalled
+PROBE_TIMEOUT = 10.0  # s, at most, for the one small request that asks a port which store
+PROBE_PATH = "/0x" + "00" * ID_BYTES  # what that request asks for (any reply names the store)
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # 507, not 500
+
+log = logging.getLogger(__name__)
 
 
 class BlobError(ValueError):
@@ -294,6 +301,7 @@ class BlobApp:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
+        send = self._naming_the_store(send)
         method = scope["method"]
         name = blob_route(scope["path"])
         if name is None:
@@ -319,6 +327,17 @@ class BlobApp:
         else:
             await json_reply(send, 405, {"error": f"method {method} not allowed on blobs"},
                              headers=((b"allow", ALLOWED),))
+
+    def _naming_the_store(self, send):
+        """`send` with the store's `STORE_HEADER` added to the response's headers, as the
+        listener sends it: a client compares the two before it trusts the listener."""
+        header = (STORE_HEADER.encode(), self.store.identity.encode())
+
+        async def send_named(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+        return send_named
 
     async def _put(self, id_: bytes, scope, receive, send) -> None:
         declared = declared_length(scope)
@@ -516,6 +535,13 @@ class _HashedFrame:
         yield self.id
 
 
+def _same_place(a: Connections, b: Connections) -> bool:
+    """Whether two connection sets reach the same URL (an older node's /info advertises
+    none: the client's URL and its fallback are then one and need no check)."""
+    return (a.kind, a.host, a.port, a.prefix.rstrip("/")) == \
+        (b.kind, b.host, b.port, b.prefix.rstrip("/"))
+
+
 def array_parts(array: np.ndarray) -> list:
     """An array's blob as [header, data] without concatenating them (no copy of the data
     when it is already little-endian and contiguous)."""
@@ -524,27 +550,131 @@ def array_parts(array: np.ndarray) -> list:
     return [encode_header(array), data.reshape(-1).view(np.uint8)]
 
 
+class BlobStoreUnavailable(ConnectionError):
+    """A blob server answered a 5xx to the question which store it is (transient)."""
+
+
+class BlobPortUnreachable(ConnectionError):
+    """A connection to the blob port could not be made in `CONNECT_TIMEOUT` (packets dropped
+    by a firewall), or was refused, or the host or network is unreachable."""
+
+
+class _ConnectBounded:
+    """An `http.client` connection whose connect may take `connect_timeout` s at most (then
+    BlobPortUnreachable), its requests the connection's own timeout: a firewalled blob port
+    held the first request for that whole timeout (60 s), with no fallback after it."""
+
+    connect_timeout = CONNECT_TIMEOUT
+
+    def connect(self) -> None:
+        timeout = self.timeout
+        self.timeout = min(self.connect_timeout, timeout)
+        try:
+            super().connect()
+        except OSError as exc:
+            raise BlobPortUnreachable(f"blob port {self.host}:{self.port}: {exc}") from exc
+        finally:
+            self.timeout = timeout
+        self.sock.settimeout(timeout)
+
+
+def _connect_bounded(kind: type, connect_timeout: float) -> type:
+    return type(f"ConnectBounded{kind.__name__}", (_ConnectBounded, kind),
+                {"connect_timeout": connect_timeout})
+
+
 class BlobClient:
     """PUT and GET blobs at `base_url` (`http://host:port/blobs`); one keep-alive connection
-    per thread, so transfers from a thread pool run in parallel. If nothing listens at
-    `base_url` (the node's blob port not published or firewalled) and a `fallback_url` is
-    given (`/blobs` on the node's main port), the client moves there for good."""
+    per thread, so transfers from a thread pool run in parallel.
+
+    With a `fallback_url` (`/blobs` on the node's main port) the client moves there for good
+    if `base_url` (the blob port /info advertises) cannot be used: nothing listens there, it
+    does not accept within `connect_timeout` (firewalled), or it is not the same store. The
+    advertised URL is built from the address the client used, so another server can be
+    behind it (a port mapping, another devnet's listener): before its first request the
+    client asks both URLs once which store they serve (`STORE_HEADER`), and uses `base_url`
+    only if they name the same one (an older node, which names none, is used through the
+    fallback)."""
 
     def __init__(self, base_url: str, max_bytes: int, timeout: float = 60.0,
-                 fallback_url: str | None = None) -> None:
+                 fallback_url: str | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.connections = Connections(base_url, timeout, blocksize=CHUNK)
         self.fallback = None if fallback_url is None else Connections(
             fallback_url, timeout, blocksize=CHUNK)
         self.max_bytes = max_bytes
+        self.timeout = timeout
         self._upload_pool: ThreadPoolExecutor | None = None
         self._hashers: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._route_lock = threading.Lock()  # held while the route is checked
+        self._switch_lock = threading.Lock()
+        self._route_checked = self.fallback is None or _same_place(self.connections,
+                                                                   self.fallback)
+        if not self._route_checked:
+            self.connections.kind = _connect_bounded(self.connections.kind, connect_timeout)
+
+    def _route(self) -> Connections:
+        """The connections to use: on the first call, with a fallback, `_check_route` (one
+        thread asks, the others wait for its answer)."""
+        if not self._route_checked:
+            with self._route_lock:
+                if not self._route_checked:
+                    self._check_route()
+                    self._route_checked = True
+        return self.connections
+
+    def _check_route(self) -> None:
+        """Use the fallback unless `base_url` serves the store the fallback serves: one small
+        request to each. The fallback's failure is raised (the check is made again on the
+        next request); `base_url`'s means it is not usable."""
+        main = self._store_identity(self.fallback)
+        if main is None:
+            self._use_fallback("the node's main port does not name its blob store (an older "
+                               "node)", logging.INFO)
+            return
+        try:
+            advertised = self._store_identity(self.connections)
+        except (OSError, http.client.HTTPException) as exc:
+            self._use_fallback(f"not reachable ({exc})", logging.INFO)
+            return
+        if advertised != main:
+            self._use_fallback("another blob store answers there "
+                               f"({STORE_HEADER}: {str(advertised)[:40]!r})", logging.WARNING)
+
+    def _store_identity(self, connections: Connections) -> str | None:
+        """The `STORE_HEADER` of a HEAD at `connections`' URL (None if it sends none), on a
+        connection of its own whose whole exchange is bounded by `PROBE_TIMEOUT`."""
+        conn = connections.kind(connections.host, connections.port,
+                                timeout=min(self.timeout, PROBE_TIMEOUT))
+        try:
+            conn.request("HEAD", connections.prefix + PROBE_PATH)
+            response = conn.getresponse()
+            response.read()
+            if response.status >= 500:  # a restart or an outage says nothing of the store:
+                # asked again with the next request, not taken as an older node for good
+                raise BlobStoreUnavailable(f"{connections.host}:{connections.port} answered "
+                                           f"{response.status} when asked for its store")
+            return response.getheader(STORE_HEADER)
+        finally:
+            conn.close()
+
+    def _use_fallback(self, reason: str, level: int) -> None:
+        """Move every thread to the fallback for good (said once, in the log)."""
+        with self._switch_lock:
+            if self.connections is self.fallback:
+                return
+            fast, main = self.connections, self.fallback
+            log.log(level, "blob port %s:%s%s unused, blobs go to %s:%s%s: %s", fast.host,
+                    fast.port, fast.prefix, main.host, main.port, main.prefix, reason)
+            self.connections = main
+            self._route_checked = True
 
     def _request(self, method: str, id_: bytes | None, parts=(), length: int = 0
                  ) -> http.client.HTTPResponse:
         """`parts` (`length` bytes in all) is iterated once per attempt: a keep-alive
         connection the server closed is retried with the whole body again."""
-        connections = self.connections
+        connections = self._route()
 
         def send(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
             path = connections.prefix + (f"/0x{id_.hex()}" if id_ is not None else "/")
@@ -559,10 +689,11 @@ class BlobClient:
 
         try:
             return connections.request(send)
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, BlobPortUnreachable) as exc:
             if self.fallback is None or connections is self.fallback:
                 raise
-            self.connections = connections = self.fallback  # for every thread from now on
+            self._use_fallback(str(exc), logging.INFO)  # for every thread from now on
+            connections = self.fallback
             return connections.request(send)
 
     def _reply(self, response: http.client.HTTPResponse) -> bytes:

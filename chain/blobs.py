@@ -13,6 +13,7 @@ import ctypes.util
 import errno
 import math
 import os
+import secrets
 import struct
 import tempfile
 import threading
@@ -152,6 +153,9 @@ class BlobStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.direct_io = hasattr(os, "O_DIRECT")  # cleared if the filesystem refuses it
+        # names this store to clients (both of a node's blob servers send it on every reply),
+        # so that one can tell the advertised blob port from another store on the same port
+        self.identity = secrets.token_hex(16)
         self.sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="blob-sync")
 
     def path(self, id_: bytes | str) -> Path:

@@ -14,8 +14,10 @@ ms of CPU each, 2.0 against 1.5 GB/s best.
 It speaks what `BlobClient` and `BlobApp` speak: `PUT/GET/HEAD /blobs/0x<id>` and `POST
 /blobs/` (`BatchReceiver` framing), keep-alive, `Content-Length` bodies (checked against
 the size limit before any byte is read; `Expect: 100-continue` answered after that check),
-the same status codes and JSON replies; an upload is acknowledged only after its group
-commit (fsync), and one cut short stores nothing. `/info` advertises it as `blob_url`.
+the same status codes and JSON replies, each naming the store (`STORE_HEADER`, as `BlobApp`
+does: a client uses this port only if it names the store of the node's main port); an upload
+is acknowledged only after its group commit (fsync), and one cut short stores nothing.
+`/info` advertises it as `blob_url`.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from chain.blobhttp import (
     DRAIN_LIMIT,
     FRAME_LENGTH,
     LENGTH_DIGITS,
+    STORE_HEADER,
     BatchReceiver,
     blob_route,
     commit_reply,
@@ -371,7 +374,11 @@ def listen(host: str, port: int) -> socket.socket:
     The kernel's buffer autotuning is kept: fixed 4 MiB SO_RCVBUF/SO_SNDBUF made no
     difference beyond the noise here."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" like uvicorn
-    return socket.create_server((host, port), family=family, backlog=128)
+    sock = socket.create_server((host, port), family=family, backlog=128)
+    # as IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets with that protocol number,
+    # and create_server's is 0, so uvicorn on this socket (the node's JSON-RPC, a worker's
+    # API) sent each reply's body after a delayed ACK: 44 ms per keep-alive request, not 0.2
+    return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fileno=sock.detach())
 
 
 class BlobServer:
@@ -382,6 +389,7 @@ class BlobServer:
                  recent_bytes: int = RECENT_BYTES,
                  listener: socket.socket | None = None) -> None:
         self.store = store
+        self.identity = store.identity  # sent on every reply (`STORE_HEADER`)
         self.listener = listener or listen(host, port)
         self.port: int = self.listener.getsockname()[1]
         self.connections: set[socket.socket] = set()
@@ -431,7 +439,8 @@ class BlobServer:
                 if not busy:
                     self.connections.add(sock)
             if busy:
-                _reply(sock, 503, {"error": f"over {MAX_CONNECTIONS} blob connections"}, False)
+                _reply(sock, 503, {"error": f"over {MAX_CONNECTIONS} blob connections"}, False,
+                       identity=self.identity)
                 sock.close()
                 continue
             threading.Thread(target=self._serve, args=(sock,), name="blob-connection",
@@ -444,7 +453,7 @@ class BlobServer:
                 try:
                     request = _Request(head)
                 except BadRequest as exc:
-                    _reply(sock, 400, {"error": str(exc)}, False)
+                    _reply(sock, 400, {"error": str(exc)}, False, identity=self.identity)
                     return
                 if not self._handle(stream, request) or not request.keep_alive:
                     return
@@ -464,7 +473,8 @@ class BlobServer:
             return self._refuse(stream, request, 404, {"error": f"no route {request.path[:100]}"})
         if method in ("PUT", "POST") and "content-length" not in request.headers:
             # a body of 0 bytes would be refused as a blob, the bytes sent parsed as a request
-            _reply(sock, 411, {"error": "an upload needs Content-Length"}, False)
+            _reply(sock, 411, {"error": "an upload needs Content-Length"}, False,
+                   identity=self.identity)
             return False
         if method == "POST" and name == "":
             return self._post(stream, request)
@@ -482,7 +492,8 @@ class BlobServer:
             stream.drain(request.length)
         if (blob := self.recent.open(id_)) is not None:
             try:
-                sock.sendall(_head(200, "application/octet-stream", blob.size, keep))
+                sock.sendall(_head(200, "application/octet-stream", blob.size, keep,
+                                   identity=self.identity))
                 if method == "GET":
                     for piece in blob.pieces:
                         sock.sendall(piece)
@@ -492,11 +503,13 @@ class BlobServer:
         try:
             file = open(self.store.path(id_), "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
-            _reply(sock, 404, not_found(id_), keep, head=method == "HEAD")
+            _reply(sock, 404, not_found(id_), keep, head=method == "HEAD",
+                   identity=self.identity)
             return True
         with file:
             size = file.seek(0, 2)
-            sock.sendall(_head(200, "application/octet-stream", size, keep))
+            sock.sendall(_head(200, "application/octet-stream", size, keep,
+                               identity=self.identity))
             if method == "GET":
                 self._send(sock, file, size)
         return True
@@ -565,7 +578,7 @@ class BlobServer:
         waits = request.headers.get("expect", "").lower() == "100-continue" and \
             unread == request.length
         _reply(stream.sock, status, body, request.keep_alive and not waits,
-               head=request.method == "HEAD", extra=extra)
+               head=request.method == "HEAD", extra=extra, identity=self.identity)
         if waits:
             return False
         stream.drain(unread)
@@ -608,7 +621,7 @@ class BlobServer:
             self.recent.release(reserved)
             raise
         self._remember(stream, reserved, reply[0] == 200, id_, 0, writer.size)
-        _reply(stream.sock, *reply, request.keep_alive)
+        _reply(stream.sock, *reply, request.keep_alive, identity=self.identity)
         return True
 
     def _reserve(self, length: int) -> int:
@@ -668,23 +681,25 @@ class BlobServer:
         one = len(uploads) == 1 and reply[0] == 200
         self._remember(stream, reserved, one, uploads[0][1] if one else b"",
                        batch.starts[0] if one else 0, uploads[0][0].size if one else 0)
-        _reply(stream.sock, *reply, request.keep_alive)
+        _reply(stream.sock, *reply, request.keep_alive, identity=self.identity)
         return True
 
 
 def _head(status: int, content_type: str, length: int, keep_alive: bool,
-          extra: str = "") -> bytes:
-    """A response's status line and headers (`extra`: more header lines, each with CRLF)."""
+          extra: str = "", *, identity: str) -> bytes:
+    """A response's status line and headers (`extra`: more header lines, each with CRLF),
+    naming the store (`identity`) as `BlobApp` does, so a client can check that this port
+    serves the same store as the node's main port."""
     return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: {content_type}\r\n"
-            f"content-length: {length}\r\n" + extra
+            f"content-length: {length}\r\n{STORE_HEADER}: {identity}\r\n" + extra
             + ("" if keep_alive else "connection: close\r\n") + "\r\n").encode("latin-1")
 
 
 def _reply(sock: socket.socket, status: int, body: dict, keep_alive: bool,
-           head: bool = False, extra: str = "") -> None:
+           head: bool = False, extra: str = "", *, identity: str) -> None:
     data = json.dumps(body, separators=(",", ":")).encode()
-    sock.sendall(_head(status, "application/json", len(data), keep_alive, extra)
-                 + (b"" if head else data))
+    sock.sendall(_head(status, "application/json", len(data), keep_alive, extra,
+                       identity=identity) + (b"" if head else data))
 
 
 def blob_url(base_url: str, port: int | None) -> str:

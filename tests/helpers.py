@@ -126,10 +126,16 @@ def decode_log(log: dict, events: dict[bytes, dict]) -> tuple[str, dict] | None:
     return event["name"], args
 
 
+# headers a proxy answers with its own values (http.server adds Server and Date itself)
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length",
+                        "server", "date"})
+
+
 class FlakyProxy:
     """A real HTTP server on 127.0.0.1 in front of one of the node's servers that relays
-    GETs and POSTs, except that the next `failures` requests are answered 503 (a store
-    restarting) or, with drop, get no answer at all (the connection cut), and the next
+    GETs, HEADs, PUTs and POSTs with their replies' headers, except that the next `failures`
+    requests are answered 503 (a store restarting) or, with drop, get no answer at all (the
+    connection cut), and the next
     `lose` requests to a path starting with `lose_path` whose body holds `lose_marker` are
     relayed but their answer is lost (the connection cut after the node acted on them)."""
 
@@ -175,13 +181,23 @@ class FlakyProxy:
                     self.close_connection = True
                     return
                 self.send_response(response.status)
-                self.send_header("Content-Type", response.getheader("Content-Type", ""))
-                self.send_header("Content-Length", str(len(reply)))
+                for name, value in response.getheaders():  # a store's name among them
+                    if name.lower() not in HOP_BY_HOP:
+                        self.send_header(name, value)
+                length = response.getheader("Content-Length", "0") if method == "HEAD" \
+                    else str(len(reply))
+                self.send_header("Content-Length", length)
                 self.end_headers()
                 self.wfile.write(reply)
 
             def do_GET(self):  # noqa: N802 - http.server's names
                 self.relay("GET")
+
+            def do_HEAD(self):  # noqa: N802
+                self.relay("HEAD")
+
+            def do_PUT(self):  # noqa: N802
+                self.relay("PUT")
 
             def do_POST(self):  # noqa: N802
                 self.relay("POST")
