@@ -125,10 +125,14 @@ class ChainClient:
             except ContractLogicError as exc:
                 raise TransactionReverted(f"{fn_call.fn_name} would revert: {exc}") from exc
         data = call_data(fn_call)
+        # the fee first: asking the node for it after taking a nonce lost that nonce when the
+        # node was unreachable, and every later transaction then waited behind the gap (a
+        # worker's commits after an outage: never mined, the claim expired)
+        max_fee = self._max_fee()
         with self._lock:
             nonce = self._next_nonce()
         raw = sign_dynamic_fee(self._key, chain_id=self.chain_id, nonce=nonce,
-                               max_fee=self._max_fee(), max_priority_fee=0, gas=gas,
+                               max_fee=max_fee, max_priority_fee=0, gas=gas,
                                to=bytes.fromhex(fn_call.address[2:]), value=value, data=data)
         mark(f"client signed {fn_call.fn_name}")
         return raw

@@ -21,6 +21,7 @@ from node.market import JOB_DONE, JOB_OPEN, Market
 
 pytestmark = pytest.mark.timeout(120)
 ETHER = 10**18
+WITHDRAW_GAS = 200_000
 FEE = 10**15
 
 
@@ -240,3 +241,26 @@ def test_a_job_whose_verification_passes_the_block_gas_limit_is_refused_before_s
     fits = np.ones((14000, 1), np.float32), np.ones((1, 14000), np.float32)
     assert precompile_gas(14000, 1, 14000) * 64 // 63 < GENESIS_GAS_LIMIT - 10**6
     assert validate_operands(*fits, limit) == (1, 14000, 1, 14000)
+
+
+def test_signing_while_the_node_is_unreachable_loses_no_nonce(node):
+    """sign() took a nonce and then asked the node for the fee (its cache lasts 2 s): each
+    attempt during an outage lost one nonce, and the transaction sent after it waited behind
+    the gap for good (a worker's commit after an outage: never mined, the claim expired)."""
+    proxy = FlakyProxy(node.url)
+    market = Market(proxy.url, dev_account(12))
+    try:
+        market.send("register", value=ETHER)  # the nonce is cached from here on
+        proxy.failed, proxy.failures = 0, 10**9
+        market.client._fee = None  # as FEE_REFRESH_S after the last answer
+        for _ in range(3):  # a fixed gas limit, as a worker's commit: no estimate first
+            with pytest.raises(ConnectionError):
+                market.send_with_gas(WITHDRAW_GAS, "requestWithdraw")
+        proxy.failures = 0
+        market.client.timeout = 10  # a transaction behind a gap would wait it out
+        receipt = market.send_with_gas(WITHDRAW_GAS, "requestWithdraw")
+        assert receipt["status"] == 1
+        direct = Market(node.url, dev_account(12))
+        assert direct.client.w3.eth.get_transaction_count(direct.address, "pending") == 2
+    finally:
+        proxy.close()
