@@ -10,6 +10,7 @@ in one transaction.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -46,7 +47,7 @@ from chain.db import (
 from chain.genesis import genesis_params, genesis_state
 from chain.params import REWARD_POOL_ADDRESS
 from chain.timeline import mark
-from chain.vm import build_chain_class
+from chain.vm import build_chain_class, with_fields
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +323,12 @@ class Node:
             parent = self.head()
             timestamp = max(int(time.time()), parent.timestamp + 1)
             vm_class = self.chain.get_vm_class_for_block_number(parent.block_number + 1)
-            header = vm_class.child_header(parent, REWARD_POOL_ADDRESS, timestamp)
+            # prevrandao from the sealer alone: the block, and so its hash, which seeds the
+            # Freivalds check of the jobs committed in it, cannot be computed in advance. With
+            # a constant mix_hash a worker predicted the hash of the block its commit would
+            # land in, and re-signed the commit until a wrong float C drew a passing seed.
+            header = with_fields(vm_class.child_header(parent, REWARD_POOL_ADDRESS, timestamp),
+                                 mix_hash=os.urandom(32))
             vm = self.chain.get_vm(header)
             candidates = self._select(vm.state)
             vm.block_preprocessing(vm.get_block())
