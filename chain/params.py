@@ -19,3 +19,6 @@ MAX_BLOCK_REWARD = 2 * ETHER
 # Freivalds precompile gas: base + per element of A, B and C, per (round + load).
 PRECOMPILE_BASE_GAS = 5_000
 PRECOMPILE_ELEMENT_GAS = 1
+
+# eth_getLogs answers for at most this many blocks after fromBlock (geth's default limit)
+MAX_LOG_BLOCKS = 10_000

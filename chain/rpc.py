@@ -30,7 +30,13 @@ from chain.blobhttp import BlobApp, json_reply
 from chain.blobserver import blob_url
 from chain.compile import compiled_market
 from chain.node import PRIORITY_FEE, Node, TxRejected
-from chain.params import CHAIN_ID, FREIVALDS_ADDRESS, MARKET_ADDRESS, REWARD_POOL_ADDRESS
+from chain.params import (
+    CHAIN_ID,
+    FREIVALDS_ADDRESS,
+    MARKET_ADDRESS,
+    MAX_LOG_BLOCKS,
+    REWARD_POOL_ADDRESS,
+)
 from chain.timeline import mark
 
 CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
@@ -586,8 +592,9 @@ class Rpc:
         last = self.header_at(criteria.get("toBlock", "latest")).block_number
         if first > last:
             raise invalid_params(f"fromBlock {first} is after toBlock {last}")
-        if last - first > 10_000:
-            raise RpcError(-32005, "query spans more than 10000 blocks; narrow the range")
+        if last - first > MAX_LOG_BLOCKS:
+            raise RpcError(-32005, f"query spans more than {MAX_LOG_BLOCKS} blocks; narrow the "
+                                   "range")
         return first, last
 
     # --- methods -------------------------------------------------------------------------------

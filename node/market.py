@@ -28,6 +28,7 @@ from web3.datastructures import AttributeDict
 
 from chain.blobs import blob_id, encode_array
 from chain.client import ChainClient, TransactionReverted, checksummed
+from chain.params import MAX_LOG_BLOCKS
 from chain.precompile import check_gas
 
 JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
@@ -313,10 +314,16 @@ class Market:
         return JobNews(found, taken, claimers)
 
     def claimed_by(self, worker: str) -> set[int]:
-        """Ids of every job `worker` ever claimed."""
-        events = self.contract.events.JobClaimed.get_logs(argument_filters={"worker": worker},
-                                                          from_block=0)
-        return {int(e["args"]["jobId"]) for e in events}
+        """Ids of every job `worker` ever claimed, asked for in spans the node answers: one
+        query from block 0 was refused (-32005) once the chain passed MAX_LOG_BLOCKS blocks,
+        and a worker restarting on such a chain failed to start."""
+        head, ids = self.block_number(), set()
+        for start in range(0, head + 1, MAX_LOG_BLOCKS):
+            events = self.contract.events.JobClaimed.get_logs(
+                argument_filters={"worker": worker}, from_block=start,
+                to_block=min(head, start + MAX_LOG_BLOCKS - 1))
+            ids.update(int(e["args"]["jobId"]) for e in events)
+        return ids
 
     def logs(self, from_block: int, to_block: int) -> list:
         """Every market event in [from_block, to_block], decoded, in chain order."""

@@ -9,8 +9,10 @@ import pytest
 from helpers import run_worker, stop_worker, submit_as_declared, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
+import node.market as market_module
 import node.worker as worker_module
-from chain.devnet import dev_accounts
+from chain.devnet import dev_account, dev_accounts
+from chain.launch import NodeProcess
 from node.devnet import free_port
 from node.market import Market
 from node.worker import Worker, WorkerConfig
@@ -93,3 +95,23 @@ def test_finished_jobs_in_memory_stay_bounded_and_the_totals_still_count_every_j
         assert restarted.metrics.earned._value.get() == earned
     finally:
         _close(restarted)
+
+
+def test_claimed_by_asks_in_spans_the_node_answers(monkeypatch, tmp_path):
+    """claimed_by (a worker's restart) asked for JobClaimed from block 0 in one query, which
+    the node refuses (-32005) once the chain is longer than MAX_LOG_BLOCKS: on a chain of
+    10,987 blocks a worker could not start. It now asks span by span (here spans of 2
+    blocks, so the claims lie in different spans), and finds every claim."""
+    with NodeProcess(tmp_path / "chain", block_time=0) as chain:
+        worker, submitter = Market(chain.url, dev_account(14)), Market(chain.url, dev_account(15))
+        worker.send("register", value=10**18)
+        a, b = np.ones((2, 2), np.float32), np.ones((2, 2), np.float32)
+        job_ids = []
+        for _ in range(3):
+            (job_id,) = submit_as_declared(submitter, 10**15, [(a, b, (1, 2, 2, 2), 1)])
+            worker.send("claimJob", job_id)
+            job_ids.append(job_id)
+        assert worker.block_number() >= 6  # the claims lie in three different spans of 2
+        monkeypatch.setattr(market_module, "MAX_LOG_BLOCKS", 2)
+        assert worker.claimed_by(worker.address) == set(job_ids)
+        assert worker.claimed_by(submitter.address) == set()
