@@ -316,6 +316,9 @@ def worker_up(
                                           max=65535)] = 8600,
     admin_token_file: Annotated[Path | None, typer.Option(
         help="File with the token for /admin routes (else $NEEDLE_NET_ADMIN_TOKEN).")] = None,
+    wait_for_funds: Annotated[bool, typer.Option(
+        help="If the worker's address cannot pay its stake yet, wait until it is funded "
+             "(for service managers) instead of exiting.")] = False,
     corrupt_results: Annotated[bool, typer.Option(hidden=True)] = False,
     stall_after_claim: Annotated[float, typer.Option(hidden=True)] = 0.0,
 ) -> None:
@@ -346,6 +349,7 @@ def worker_up(
         min_fee_wei=min_fee_wei, max_flops=int(max_flops), max_in_flight=max_in_flight,
         poll_interval=poll_interval, api_host=api_host, api_port=api_port, admin_token=token,
         corrupt_results=corrupt_results, stall_after_claim=stall_after_claim,
+        wait_for_funds=wait_for_funds,
     )
     try:
         worker = Worker(config, account)

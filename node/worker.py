@@ -76,6 +76,7 @@ class WorkerConfig:
     admin_token: str | None = field(default=None, repr=False)  # never in a printed config
     corrupt_results: bool = False  # test fixture: a cheating worker
     stall_after_claim: float = 0.0  # test fixture: a worker that hangs mid-job
+    wait_for_funds: bool = False  # an unfunded address waits to be funded instead of failing
 
 
 @dataclass
@@ -104,6 +105,7 @@ FINISHED = ("verified", "failed", "lost", "error", "expired", "skipped")
 # /jobs and state save with the node's whole history (/jobs: ~5 s of CPU at 100k jobs,
 # and the dashboard asks every second)
 HISTORY_JOBS = 1000
+FUNDS_POLL_SECONDS = 5.0  # how often an unfunded worker (wait_for_funds) looks again
 REGISTER_GAS_ALLOWANCE = 150_000  # gas budgeted for `register` (measured: 72k)
 # a batch of small jobs is finalised in one transaction: its gas limit stays within half a
 # block (128 thin jobs such as 64 x 32768 x 64 asked for 4.9e9, which the node refused)
@@ -116,6 +118,10 @@ class WorkerStartError(ValueError):
     """The worker cannot start: no chain node, a stake below the market's minimum, too
     little ETH to deposit it, an unreadable admin token file. A ValueError, which
     `needle-net worker up` prints as a one-line error."""
+
+
+class FundsNeeded(WorkerStartError):
+    """The worker's address holds too little ETH to deposit its stake (and pay the gas)."""
 
 
 def admin_token(path: Path | None) -> str | None:
@@ -164,7 +170,7 @@ class Worker:
         self.address = account.address
         self.metrics = NodeMetrics()
         self.chain = self._connect()
-        self._retry(self._check_stake_and_funds)
+        self._await_funds()
         self.device = compute.best_device()
         self._rng = np.random.default_rng()
         self._lock = threading.Lock()
@@ -465,6 +471,23 @@ class Worker:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def _await_funds(self) -> None:
+        """`_check_stake_and_funds`; with `wait_for_funds`, an unfunded address is waited for
+        (polled every FUNDS_POLL_SECONDS, said once) instead of ending the start: a service
+        manager restarted such a worker in a tight loop (20 restarts in 30 s under podman)."""
+        said = False
+        while True:
+            try:
+                return self._retry(self._check_stake_and_funds)
+            except FundsNeeded as err:
+                if not self.config.wait_for_funds:
+                    raise
+                if not said:
+                    log.warning("%s; waiting for them (checked every %g s)", err,
+                                FUNDS_POLL_SECONDS)
+                    said = True
+                time.sleep(FUNDS_POLL_SECONDS)
+
     def _check_stake_and_funds(self) -> None:
         """Refuse at start what registering would fail on later: a stake below the market's
         minimum, or a balance short of the stake still to deposit plus its gas."""
@@ -479,7 +502,7 @@ class Worker:
         gas = REGISTER_GAS_ALLOWANCE * 2 * self.chain.w3.eth.gas_price  # the max fee sent
         balance = self.chain.balance_of(self.address)
         if balance < deposit + gas:
-            raise WorkerStartError(
+            raise FundsNeeded(
                 f"worker address {self.address} needs funds: its balance is {_eth(balance)}, "
                 f"staking needs {_eth(deposit)} plus up to {_eth(gas)} of gas")
 
