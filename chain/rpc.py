@@ -293,11 +293,14 @@ def deadline_computation(base: type) -> type:
 
 
 class BlockCache:
-    """Blocks with their receipts and JSON logs, by number; most recent ones kept."""
+    """Blocks with their receipts and JSON logs, by number; the most recent ones kept, up to
+    `size` blocks holding up to `transactions` transactions in all. By block count alone
+    (~2.3 KB per transaction) full blocks of 5,000 transactions could take ~20 GB."""
 
-    def __init__(self, node: Node, size: int = 2048) -> None:
-        self.node, self.size = node, size
+    def __init__(self, node: Node, size: int = 2048, transactions: int = 100_000) -> None:
+        self.node, self.size, self.max_transactions = node, size, transactions
         self.entries: OrderedDict[int, tuple] = OrderedDict()
+        self.transactions = 0  # in the blocks kept
 
     def get(self, number: int) -> tuple:
         entry = self.entries.get(number)
@@ -305,10 +308,20 @@ class BlockCache:
             block = self.node.chain.get_canonical_block_by_number(number)
             receipts = block.get_receipts(self.node.chain.chaindb)
             entry = (block, receipts, self._logs(block, receipts))
-            self.entries[number] = entry
-            if len(self.entries) > self.size:
-                self.entries.popitem(last=False)
+            self._keep(number, entry)
         return entry
+
+    def _keep(self, number: int, entry: tuple) -> None:
+        """Cache `entry`, dropping the oldest blocks beyond the two limits (never the last)."""
+        replaced = self.entries.pop(number, None)
+        if replaced is not None:
+            self.transactions -= len(replaced[0].transactions)
+        self.entries[number] = entry
+        self.transactions += len(entry[0].transactions)
+        while len(self.entries) > 1 and (len(self.entries) > self.size
+                                         or self.transactions > self.max_transactions):
+            _, (block, *_) = self.entries.popitem(last=False)
+            self.transactions -= len(block.transactions)
 
     def sealed(self, number: int) -> tuple | None:
         """Like ``get`` for a block among the node's recent ones (None otherwise), without
@@ -319,9 +332,7 @@ class BlockCache:
         entry = self.entries.get(number)
         if entry is None or entry[0].hash != found[0].hash:
             entry = (*found, self._logs(*found))
-            self.entries[number] = entry
-            if len(self.entries) > self.size:
-                self.entries.popitem(last=False)
+            self._keep(number, entry)
         return entry
 
     @staticmethod

@@ -135,3 +135,32 @@ def test_a_batch_above_the_limit_is_refused_whole(node):
     answered = post(node, [{**item, "id": i} for i in range(MAX_BATCH)]).json()
     assert sorted(r["id"] for r in answered) == list(range(MAX_BATCH))
     assert {r["result"] for r in answered} == {hex(CHAIN_ID)}
+
+
+def test_the_block_cache_is_bounded_by_transactions_too(tmp_path):
+    """The JSON-RPC block cache kept its last 2048 blocks whatever their size (~2.3 KB per
+    transaction with receipts and logs: ~20 GB of full blocks). It also holds at most
+    `transactions` transactions; what it answers is still each canonical block."""
+    from chain.node import Node, NodeConfig
+    from chain.rpc import BlockCache
+
+    node = Node(NodeConfig(tmp_path / "data", block_time=0, decode_process=False))
+    senders = dev_accounts(6)[3:6]
+    try:
+        for nonce in range(4):  # four blocks of three transfers each
+            for sender in senders:
+                tx = {"to": senders[0].address, "value": 1, "gas": 21_000, "nonce": nonce,
+                      "maxFeePerGas": 10**11, "maxPriorityFeePerGas": 1, "chainId": CHAIN_ID,
+                      "type": 2}
+                node.admit(bytes(sender.sign_transaction(tx).raw_transaction))
+            node.seal()
+        cache = BlockCache(node, size=100, transactions=7)
+        for number in (1, 2, 3, 4, 1, 4):
+            block, receipts, _ = cache.get(number)
+            assert block.hash == node.chain.get_canonical_block_hash(number)
+            assert len(block.transactions) == len(receipts) == 3
+            kept = sum(len(b.transactions) for b, _, _ in cache.entries.values())
+            assert cache.transactions == kept <= 7
+        assert sorted(cache.entries) == [1, 4]  # the two fetched last: 6 transactions
+    finally:
+        node.stop()
