@@ -524,7 +524,11 @@ class Worker:
         """Pick up jobs a previous run claimed or committed but did not finish, including a
         claim mined just before a crash that the state file never recorded."""
         known = {r.job_id for r in self.jobs if r.stage not in FINISHED}
-        for job_id in self.chain.claimed_by(self.address) - known:
+        # the scan of every JobClaimed (and a getJob per id) only where the chain counts
+        # claims or commits of this worker in flight: a restart cost one call per job ever done
+        unknown = self.chain.claimed_by(self.address) - known \
+            if self.chain.worker_info(self.address)[2] else set()
+        for job_id in unknown:
             job = self.chain.job(job_id)
             if job.worker == self.address and job.status in (JOB_CLAIMED, JOB_COMMITTED):
                 with self._lock:
