@@ -370,6 +370,12 @@ class Rpc:
     # --- dispatch ------------------------------------------------------------------------------
     def handle(self, payload) -> dict | list | None:
         _execution.left = RPC_EVM_TIMEOUT  # this request's EVM time, shared by its batch
+        try:
+            return self._handle(payload)
+        finally:
+            del _execution.left  # a call made outside a request gets a budget of its own
+
+    def _handle(self, payload) -> dict | list | None:
         if isinstance(payload, list):
             if not payload:
                 return self._error(None, RpcError(-32600, "invalid request: empty batch"))
@@ -509,7 +515,8 @@ class Rpc:
         """``_execute``'s run: the transaction and its computation, failed or not; within
         what is left of the request's RPC_EVM_TIMEOUT."""
         header = self.header_at(tag)
-        left = getattr(_execution, "left", RPC_EVM_TIMEOUT)
+        shared = getattr(_execution, "left", None)  # None: not within a request (handle)
+        left = RPC_EVM_TIMEOUT if shared is None else shared
         if left <= 0:
             raise RpcError(-32000, f"execution aborted (timeout = {RPC_EVM_TIMEOUT:g}s): "
                                    "this request's execution time is spent")
@@ -525,7 +532,8 @@ class Rpc:
             raise RpcError(-32000, f"execution aborted (timeout = {RPC_EVM_TIMEOUT:g}s)") \
                 from None
         finally:
-            _execution.left = left - (time.monotonic() - started)
+            if shared is not None:
+                _execution.left = left - (time.monotonic() - started)
             _execution.deadline = math.inf
         return tx, computation
 

@@ -164,3 +164,24 @@ def test_the_block_cache_is_bounded_by_transactions_too(tmp_path):
         assert sorted(cache.entries) == [1, 4]  # the two fetched last: 6 transactions
     finally:
         node.stop()
+
+
+def test_the_evm_time_budget_belongs_to_one_request(tmp_path):
+    """The 5 s budget was set per request but left on the thread afterwards: calls made
+    outside a request (the node's own, the in-process market tests) drew on what earlier
+    requests had left, and after enough of them every eth_call failed as "spent"."""
+    from chain import rpc as rpc_module
+    from chain.node import Node, NodeConfig
+
+    node = Node(NodeConfig(tmp_path / "data", block_time=0, decode_process=False))
+    try:
+        rpc = rpc_module.Rpc(node)
+        call = {"to": dev_accounts(1)[0].address, "data": "0x"}
+        reply = rpc.handle({"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+                            "params": [call, "latest"]})
+        assert reply["result"] == "0x"
+        assert not hasattr(rpc_module._execution, "left")  # nothing left behind
+        rpc_module._execution.deadline = 0.0  # even a stale deadline: a call's own is set
+        assert rpc.rpc_eth__call(call) == "0x"
+    finally:
+        node.stop()
