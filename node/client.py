@@ -274,7 +274,12 @@ class JobClient:
                             "still open the jobs: `needle-net jobs` lists them and "
                             "`needle-net cancel JOB_ID` refunds each")
             raise RemoteJobError("submit", message) from err
-        job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
+        try:
+            job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(
+                "interrupted once the submission was mined: its jobs are open; `needle-net "
+                "jobs` lists them and `needle-net cancel JOB_ID` refunds each") from None
         now = time.perf_counter()
         return [_Pending(job_id, a, b, p, receipt["blockNumber"],
                          times={"start": start, "uploaded": uploaded, "submitted": now})
@@ -318,10 +323,11 @@ class JobClient:
         checked as soon as it is committed, while the chain finalises it; it is returned
         only once the chain's verdict says verified."""
         deadline = time.time() + self.timeout
-        display = _Progress(len(pending)) if self.progress else None
+        display = None
         by_id = {p.job_id: p for p in pending}
         next_block = min((p.submit_block for p in pending), default=0) + 1
-        try:
+        try:  # from here a Ctrl-C cancels the open jobs (the display's set-up takes a while)
+            display = _Progress(len(pending)) if self.progress else None
             while any(p.result is None for p in pending):
                 try:
                     head, events = self.market.follow(next_block, self.poll_interval)
