@@ -227,3 +227,26 @@ def stop_worker(worker, thread: threading.Thread) -> None:
     thread.join(60)
     assert not thread.is_alive(), "the worker did not stop"
     worker.chain.close()
+
+
+def finalize_when_due(market, job_id: int) -> None:
+    """finalize, once the commit's block is behind (it must be, one block later)."""
+    for _ in range(20):
+        try:
+            market.send("finalize", job_id)
+            return
+        except Exception:  # noqa: BLE001 - same block as the commit: wait for the next
+            market.wait_for_block(market.block_number() + 1, 0.5)
+    raise AssertionError(f"job {job_id} could not be finalised")
+
+
+def keystore_options(tmp_path, index: int) -> list[str]:
+    """CLI options for a keystore holding dev account `index` (funded in genesis)."""
+    from chain.devnet import dev_account
+    from node import keys
+
+    path, password = tmp_path / f"key{index}.json", tmp_path / f"pw{index}"
+    password.write_text("pw")
+    if not path.exists():
+        keys.save_keystore(dev_account(index), path, "pw", iterations=2048)
+    return ["--keystore", str(path), "--password-file", str(password)]

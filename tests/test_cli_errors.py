@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import keystore_options
 from typer.testing import CliRunner
 
 from chain.client import ChainClient
@@ -41,15 +42,6 @@ def chain(node):
     yield observer, worker
     worker.close()
     observer.close()
-
-
-def _keystore(tmp_path, index: int) -> list[str]:
-    """CLI options for a keystore holding dev account `index` (funded in genesis)."""
-    path, password = tmp_path / f"key{index}.json", tmp_path / f"pw{index}"
-    password.write_text("pw")
-    if not path.exists():
-        keys.save_keystore(dev_account(index), path, "pw", iterations=2048)
-    return ["--keystore", str(path), "--password-file", str(password)]
 
 
 def _cli(*args):
@@ -120,7 +112,7 @@ def test_unwritable_output_is_refused_before_submitting(chain, tmp_path, node, w
     jobs = observer.job_count()
     balance = observer.balance_of(dev_account(SUBMITTER).address)
     line = _one_error_line(_cli("submit", a, b, "-o", tmp_path / where, "--rpc-url", node.url,
-                                *_keystore(tmp_path, SUBMITTER)))
+                                *keystore_options(tmp_path, SUBMITTER)))
     assert "does not exist" in line or "is a directory" in line
     assert observer.job_count() == jobs
     assert observer.balance_of(dev_account(SUBMITTER).address) == balance
@@ -134,7 +126,7 @@ def test_result_is_written_to_exactly_the_given_name(chain, tmp_path, node):
     out = tmp_path / "outnoext"
     jobs = observer.job_count()
     alive, join = _in_thread(lambda: _cli("submit", a_path, b_path, "-o", out, "--rpc-url",
-                                          node.url, *_keystore(tmp_path, SUBMITTER)))
+                                          node.url, *keystore_options(tmp_path, SUBMITTER)))
     job_id = _wait_for_job(observer, jobs, alive)
     worker.send(worker.market.functions.claimJob(job_id))
     _deliver(worker, job_id, a @ b)
@@ -153,7 +145,7 @@ def test_timeout_cancels_an_open_job_and_refunds_the_fee(chain, tmp_path, node):
     submitter = dev_account(SUBMITTER).address
     jobs, balance = observer.job_count(), observer.balance_of(submitter)
     line = _one_error_line(_cli("submit", a, b, "-o", tmp_path / "c.npy", "--timeout", "2",
-                                "--rpc-url", node.url, *_keystore(tmp_path, SUBMITTER)))
+                                "--rpc-url", node.url, *keystore_options(tmp_path, SUBMITTER)))
     assert f"[job {jobs}, stage submitted] timed out after 2s" in line
     assert f"job {jobs} cancelled, its 0.001 ETH fee refunded" in line
     assert observer.job(jobs).status == JOB_CANCELLED
@@ -169,7 +161,7 @@ def test_timeout_after_a_claim_names_the_job_and_fetch_gets_its_result(chain, tm
     jobs = observer.job_count()
     alive, join = _in_thread(lambda: _cli(
         "submit", a_path, b_path, "-o", tmp_path / "c.npy", "--timeout", "15", "--rpc-url",
-        node.url, *_keystore(tmp_path, SUBMITTER)))
+        node.url, *keystore_options(tmp_path, SUBMITTER)))
     job_id = _wait_for_job(observer, jobs, alive)
     worker.send(worker.market.functions.claimJob(job_id))
     line = _one_error_line(join())
@@ -194,7 +186,7 @@ def test_ctrl_c_cancels_the_open_job(chain, tmp_path, node):
     jobs, balance = observer.job_count(), observer.balance_of(submitter)
     cli = subprocess.Popen(
         [sys.executable, "-m", "node", "submit", str(a), str(b), "-o", str(tmp_path / "c.npy"),
-         "--timeout", "300", "--rpc-url", node.url, *_keystore(tmp_path, SUBMITTER)],
+         "--timeout", "300", "--rpc-url", node.url, *keystore_options(tmp_path, SUBMITTER)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         job_id = _wait_for_job(observer, jobs, lambda: cli.poll() is None)
@@ -218,10 +210,10 @@ def test_cancel_refunds_only_the_submitters_open_job(chain, tmp_path, node):
     client.close()
     worker.send(worker.market.functions.claimJob(taken.job_id))
     submitter = dev_account(SUBMITTER).address
-    as_submitter = ["--rpc-url", node.url, *_keystore(tmp_path, SUBMITTER)]
+    as_submitter = ["--rpc-url", node.url, *keystore_options(tmp_path, SUBMITTER)]
 
     stranger = _one_error_line(_cli("cancel", mine.job_id, "--rpc-url", node.url,
-                                    *_keystore(tmp_path, STRANGER)))
+                                    *keystore_options(tmp_path, STRANGER)))
     assert f"job {mine.job_id} was submitted by {submitter}" in stranger
     claimed = _one_error_line(_cli("cancel", taken.job_id, *as_submitter))
     assert f"job {taken.job_id} is claimed: only an open job can be cancelled" in claimed
@@ -249,7 +241,7 @@ def test_exact_operands_beyond_the_verifiers_bound_are_refused_before_the_chain(
     jobs = observer.job_count()
     balance = observer.balance_of(dev_account(SUBMITTER).address)
     line = _one_error_line(_cli("submit", a, b, "-o", tmp_path / "c.npy", "--rpc-url",
-                                node.url, *_keystore(tmp_path, SUBMITTER)))
+                                node.url, *keystore_options(tmp_path, SUBMITTER)))
     assert "[stage validate]" in line and "k * max|A| * max|B| = " in line
     assert observer.job_count() == jobs
     assert observer.balance_of(dev_account(SUBMITTER).address) == balance
@@ -334,7 +326,7 @@ def test_chain_info_on_an_unreachable_node_is_one_error_line():
 ])
 def test_keystore_problems_are_one_error_line(node, tmp_path, monkeypatch, content, message):
     monkeypatch.delenv(keys.PASSWORD_ENV, raising=False)
-    options = _keystore(tmp_path, STRANGER)
+    options = keystore_options(tmp_path, STRANGER)
     if content == "missing":
         options = options[:2]
     elif content is None:
@@ -369,7 +361,7 @@ def test_bad_amounts_and_addresses_spend_nothing(chain, tmp_path, node, command,
     paths = {"A": a, "B": b, "OUT": tmp_path / "c.npy"}
     address = dev_account(STRANGER).address
     balance, nonce = observer.balance_of(address), observer.w3.eth.get_transaction_count(address)
-    options = ["--rpc-url", node.url, *_keystore(tmp_path, STRANGER)]
+    options = ["--rpc-url", node.url, *keystore_options(tmp_path, STRANGER)]
     args = [paths.get(arg, arg) for arg in command]
     at = args.index("--") if "--" in args else len(args)  # options before the end of options
     assert message in _one_error_line(_cli(*args[:at], *options, *args[at:]))
@@ -386,7 +378,7 @@ def test_a_revert_prints_the_contracts_reason_alone(chain, tmp_path, node, comma
     address = dev_account(STRANGER).address
     nonce = observer.w3.eth.get_transaction_count(address)
     line = _one_error_line(_cli(*command, "--rpc-url", node.url,
-                                *_keystore(tmp_path, STRANGER)))
+                                *keystore_options(tmp_path, STRANGER)))
     assert line == f"error: {reason}"
     assert observer.w3.eth.get_transaction_count(address) == nonce
 

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import keystore_options
 from typer.testing import CliRunner
 from web3 import Web3
 
@@ -46,15 +47,6 @@ def _one_error_line(result, code: int = 1) -> str:
     return lines[0]
 
 
-def _keystore(tmp_path, index: int) -> list[str]:
-    """CLI options for a keystore holding dev account `index`."""
-    path, password = tmp_path / f"key{index}.json", tmp_path / f"pw{index}"
-    password.write_text("pw")
-    if not path.exists():
-        keys.save_keystore(dev_account(index), path, "pw", iterations=2048)
-    return ["--keystore", str(path), "--password-file", str(password)]
-
-
 def _table_rows(output: str) -> list[list[str]]:
     """The body rows of a table as rich prints it, a cell wrapped over several lines joined
     again (a row starts where its first cell has text)."""
@@ -86,7 +78,8 @@ def observer(node):
 ])
 def test_send_transfers_exactly_the_amount_typed(node, observer, tmp_path, typed, wei, shown):
     to = dev_account(0).address[:2] + secrets.token_hex(20)  # a fresh, empty account
-    result = _cli("send", to, typed, "--yes", "--rpc-url", node.url, *_keystore(tmp_path, SENDER))
+    result = _cli("send", to, typed, "--yes", "--rpc-url", node.url,
+                  *keystore_options(tmp_path, SENDER))
     assert result.exit_code == 0, result.output
     assert observer.balance_of(to) == wei
     said = " ".join(result.output.split())  # as the console wrapped it
@@ -105,7 +98,7 @@ def test_amounts_below_one_wei_are_refused_before_anything_is_spent(node, observ
     address = dev_account(SENDER).address
     balance, nonce = observer.balance_of(address), observer.w3.eth.get_transaction_count(address)
     line = _one_error_line(_cli(*(paths.get(a, a) for a in command), "--rpc-url", node.url,
-                                *_keystore(tmp_path, SENDER)))
+                                *keystore_options(tmp_path, SENDER)))
     assert "has digits below 1 wei (1e-18 ETH)" in line
     assert observer.balance_of(address) == balance
     assert observer.w3.eth.get_transaction_count(address) == nonce
@@ -128,7 +121,7 @@ def test_the_confirmation_shows_the_exact_amount(node, observer, tmp_path):
     address = dev_account(SENDER).address
     nonce = observer.w3.eth.get_transaction_count(address)
     result = _cli("send", dev_account(1).address, "1234567.5", "--rpc-url", node.url,
-                  *_keystore(tmp_path, SENDER), input="n\n")
+                  *keystore_options(tmp_path, SENDER), input="n\n")
     assert f"send 1234567.5 ETH from {address} to {dev_account(1).address}?" in result.output
     assert "1.23457e+06" not in result.output
     assert _one_error_line(result) == "error: cancelled"
@@ -137,7 +130,7 @@ def test_the_confirmation_shows_the_exact_amount(node, observer, tmp_path):
 
 def test_a_transfer_the_node_refuses_is_its_message_not_a_json_rpc_dict(node, tmp_path):
     line = _one_error_line(_cli("send", dev_account(1).address, "1000000", "--yes",
-                                "--rpc-url", node.url, *_keystore(tmp_path, SENDER)))
+                                "--rpc-url", node.url, *keystore_options(tmp_path, SENDER)))
     assert line.startswith("error: transfer refused: insufficient funds: balance "), line
     assert "{" not in line
 
@@ -167,7 +160,7 @@ def test_sigterm_cancels_the_open_job_and_refunds_its_fee(node, observer, tmp_pa
     jobs, balance = observer.job_count(), observer.balance_of(submitter)
     cli = subprocess.Popen(
         _process("submit", tmp_path / "a.npy", tmp_path / "b.npy", "-o", tmp_path / "c.npy",
-                 "--timeout", "300", "--rpc-url", node.url, *_keystore(tmp_path, SUBMITTER)),
+                 "--timeout", "300", "--rpc-url", node.url, *keystore_options(tmp_path, SUBMITTER)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for _ in range(600):  # the job is open: at most 60 s

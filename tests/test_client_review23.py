@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 from eth_utils import function_abi_to_4byte_selector
-from helpers import FlakyProxy, wait_for
+from helpers import FlakyProxy, finalize_when_due, wait_for
 
 from chain.blobs import blob_id, encode_array
 from chain.client import ChainClient, sign_dynamic_fee
@@ -39,21 +39,10 @@ def _operands(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal((5, 4), np.float32), rng.standard_normal((4, 3), np.float32)
 
 
-def _finalize(market: Market, job_id: int) -> None:
-    """finalize, once the commit's block is behind (it must be, one block later)."""
-    for _ in range(20):
-        try:
-            market.send("finalize", job_id)
-            return
-        except Exception:  # noqa: BLE001 - same block as the commit: wait for the next
-            market.wait_for_block(market.block_number() + 1, 0.5)
-    raise AssertionError(f"job {job_id} could not be finalised")
-
-
 def _do_job(worker: Market, job_id: int, a: np.ndarray, b: np.ndarray) -> None:
     worker.send("claimJob", job_id)
     worker.send("commitResult", job_id, worker.put_array(a @ b))
-    _finalize(worker, job_id)
+    finalize_when_due(worker, job_id)
 
 
 def _submission_marker(client: JobClient) -> bytes:
@@ -212,7 +201,7 @@ def test_a_finalize_the_node_refuses_does_not_end_the_wait(node, worker):
                  "the client's finalize to be refused")
         assert thread.is_alive(), f"wait() ended on a refused finalize: {box}"
         assert "insufficient funds" in p.nudge_refused
-        _finalize(worker, p.job_id)
+        finalize_when_due(worker, p.job_id)
         thread.join(30)
         assert not thread.is_alive() and "error" not in box, box
         assert client.market.job(p.job_id).status == JOB_DONE

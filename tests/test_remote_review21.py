@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import wait_for
+from helpers import finalize_when_due, wait_for
 
 from chain.devnet import dev_account
 from needle.remote import Network
@@ -31,17 +31,6 @@ def worker(node):
     market.send("register", value=4 * ETHER)
     yield market
     market.close()
-
-
-def _finalize(market: Market, job_id: int) -> None:
-    """finalize, once the commit's block is behind (it must be, one block later)."""
-    for _ in range(20):
-        try:
-            market.send("finalize", job_id)
-            return
-        except Exception:  # noqa: BLE001 - same block as the commit: wait for the next
-            market.wait_for_block(market.block_number() + 1, 0.5)
-    raise AssertionError(f"job {job_id} could not be finalised")
 
 
 def _commit(market: Market, job_id: int, c: np.ndarray) -> None:
@@ -90,7 +79,7 @@ def test_a_fee_written_as_a_float_is_paid_in_wei(node, worker):
         (p,) = client.submit([(a, b)])
         assert client.market.job(p.job_id).fee_wei == 2 * 10**15
         _commit(worker, p.job_id, a @ b)
-        _finalize(worker, p.job_id)
+        finalize_when_due(worker, p.job_id)
         (c,) = client.wait([p])
     finally:
         client.close()
@@ -142,9 +131,9 @@ def test_a_committed_result_of_the_wrong_dtype_does_not_end_the_wait(node, worke
         wait_for(lambda: pending[0].early is not None or not thread.is_alive(), 20,
                  "the client to fetch and check the committed C")
         assert "error" not in box, f"wait() ended on a C the chain had not judged: {box}"
-        _finalize(worker, job_id)  # FAIL: the job reopens
+        finalize_when_due(worker, job_id)  # FAIL: the job reopens
         _commit(worker, job_id, a @ b)
-        _finalize(worker, job_id)
+        finalize_when_due(worker, job_id)
         thread.join(30)
         assert not thread.is_alive() and "error" not in box, box
     finally:
@@ -166,7 +155,7 @@ def test_an_exact_result_comes_back_as_int64_whatever_integer_type_was_committed
     try:
         (p,) = client.submit([(a, b)])
         _commit(worker, p.job_id, expected.astype(np.int32))
-        _finalize(worker, p.job_id)
+        finalize_when_due(worker, p.job_id)
         assert client.market.job(p.job_id).status == JOB_DONE  # verified and paid
         (c,) = client.wait([p])
     finally:
