@@ -120,6 +120,10 @@ class WorkerStartError(ValueError):
     `needle-net worker up` prints as a one-line error."""
 
 
+class ClaimExpired(Exception):
+    """The claim's deadline passed before the result could be committed."""
+
+
 class FundsNeeded(WorkerStartError):
     """The worker's address holds too little ETH to deposit its stake (and pay the gas)."""
 
@@ -741,6 +745,10 @@ class Worker:
             log.warning("job %d: transaction reverted: %s", record.job_id, err)
             self._set_stage(record, "lost", str(err))
             self.metrics.jobs.labels("lost").inc()
+        except ClaimExpired as err:
+            log.warning("job %d: %s", record.job_id, err)
+            self._set_stage(record, "expired", str(err))
+            self.metrics.jobs.labels("expired").inc()
         except Exception as err:  # noqa: BLE001 - one bad job must not kill the node
             log.exception("job %d failed", record.job_id)
             self._set_stage(record, "error", f"{type(err).__name__}: {err}")
@@ -987,6 +995,12 @@ class Worker:
             c = self._product(job, a, b)
         if self.config.corrupt_results:
             c = compute.corrupt(c, self._rng)
+        head = self._retry_for(job, self.chain.block_number)
+        if job.deadline and head >= job.deadline:
+            # the commit would land after the deadline and revert: gas for nothing, and its
+            # calldata would give C's id to anyone (the submitter could fetch C, then cancel)
+            raise ClaimExpired(f"the claim's deadline, block {job.deadline}, passed (head "
+                               f"{head}) before C was ready: not committed")
         t2 = time.perf_counter()
         c_id = self._retry_for(job, self.chain.put_array, c)
         t3 = time.perf_counter()
