@@ -609,17 +609,14 @@ class BlobServer:
                     stream.release(writer.settled)
             with _store_writes():
                 reply = commit_reply(self.store, [(writer, id_)], False)
-        except StoreFailed as failed:
+        except BaseException as exc:
             writer.abort()
             stream.forget()
             self.recent.release(reserved)
-            return self._refuse(stream, request, *store_failure(failed.error),
+            if not isinstance(exc, StoreFailed):
+                raise
+            return self._refuse(stream, request, *store_failure(exc.error),
                                 unread=request.length - received)
-        except BaseException:
-            writer.abort()
-            stream.forget()
-            self.recent.release(reserved)
-            raise
         self._remember(stream, reserved, reply[0] == 200, id_, 0, writer.size)
         _reply(stream.sock, *reply, request.keep_alive, identity=self.identity)
         return True
@@ -661,23 +658,17 @@ class BlobServer:
             uploads = batch.end()
             with _store_writes():
                 reply = commit_reply(self.store, uploads, True)
-        except StoreFailed as failed:
+        except BaseException as exc:
             batch.abort()
             stream.forget()
             self.recent.release(reserved)
-            return self._refuse(stream, request, *store_failure(failed.error),
-                                unread=request.length - received)
-        except ValueError as exc:
-            batch.abort()
-            stream.forget()
-            self.recent.release(reserved)
-            return self._refuse(stream, request, *batch.error(exc),
-                                unread=request.length - received)
-        except BaseException:
-            batch.abort()
-            stream.forget()
-            self.recent.release(reserved)
-            raise
+            if isinstance(exc, StoreFailed):
+                refusal = store_failure(exc.error)
+            elif isinstance(exc, ValueError):  # a malformed batch: batch.error says which
+                refusal = batch.error(exc)
+            else:
+                raise
+            return self._refuse(stream, request, *refusal, unread=request.length - received)
         one = len(uploads) == 1 and reply[0] == 200
         self._remember(stream, reserved, one, uploads[0][1] if one else b"",
                        batch.starts[0] if one else 0, uploads[0][0].size if one else 0)
