@@ -253,7 +253,8 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
         mismatches, first = _exact_stack(A, B, C, batch, field_vectors(seed, n, rounds),
                                          bound_a, bound_b, bound_c, product_bound)
     # element by element: device arrays, large elements, and A bounds past float64 digits
-    for index, a, b, c in () if stacked else _elements(xp, A, B, C, batch):
+    one_by_one = () if stacked else _elements(xp, A, B, C, batch)
+    for index, a, b, c in one_by_one:
         if xp is not np and gpu_exact.supported(a, b, c, rounds, bounds):
             plan = gpu_exact.plan_for(a, b, c, rounds, bounds, product_bound)
             # the dtypes' magnitudes here mean no bound came from the data (one that did
@@ -283,17 +284,13 @@ def _exact_stack(A, B, C, batch, R, bound_a: int, bound_b: int, bound_c: int,
     checks any batch a client paid a few gas per element for."""
     (m, k), n, rounds = A.shape[-2:], B.shape[-1], R.shape[1]
     A, B = np.broadcast_to(A, (*batch, m, k)), np.broadcast_to(B, (*batch, k, n))
-    limit = product_bound if product_bound < bound_c else None  # exact.check's host rule
     total = prod(batch)
     step = max(1, STACK_ENTRIES // (m * k + k * n + m * n + 16 * rounds * (m + k)))
     mismatches, first = 0, None
     for start in range(0, total, step):  # fancy indexing copies a chunk, never all of A
         index = np.unravel_index(np.arange(start, min(start + step, total)), batch)
-        a, b, c = A[index], B[index], C[index]
-        X = exact.matmul_mod_p(np, b.reshape(-1, n), R, bound_b).reshape(-1, k, rounds)
-        Y = exact.stacked_mod_p(a, X, bound_a)
-        Z = exact.matmul_mod_p(np, c.reshape(-1, n), R, bound_c, limit).reshape(Y.shape)
-        wrong = (Y != Z).any(axis=2)  # (elements, rows)
+        wrong = exact.wrong_rows_stacked(A[index], B[index], C[index], R, bound_a, bound_b,
+                                         bound_c, product_bound)  # (elements, rows)
         if first is None and wrong.any():
             element, row = divmod(int(wrong.argmax()), m)
             where = np.unravel_index(start + element, batch)

@@ -260,7 +260,25 @@ def check(xp: ModuleType, A, B, C, R, bound_a: int, bound_b: int, bound_c: int,
     at k = n = 4096, 4 rather than 6, and 3 in blocks whose entries stay below 2^21)."""
     X = matmul_mod_p(xp, B, R, bound_b)
     Y = matmul_mod_p(xp, A, X, bound_a)
-    limit = product_bound if xp is np and product_bound < bound_c else None
-    Z = matmul_mod_p(xp, C, R, bound_c, limit)
+    Z = matmul_mod_p(xp, C, R, bound_c, _c_limit(xp, bound_c, product_bound))
     wrong = (Y != Z).any(axis=1)
     return int(wrong.sum()), int(wrong.argmax())
+
+
+def wrong_rows_stacked(A: np.ndarray, B: np.ndarray, C: np.ndarray, R: np.ndarray,
+                       bound_a: int, bound_b: int, bound_c: int,
+                       product_bound: int) -> np.ndarray:
+    """`check` for a host stack of products, A (count, m, k), B (count, k, n), C (count, m,
+    n) with _float64_digits(bound_a, k): the (count, m) rows that differ mod p or hold an
+    entry above product_bound, from three calls for the whole stack."""
+    count, k, n = B.shape
+    X = matmul_mod_p(np, B.reshape(-1, n), R, bound_b).reshape(count, k, -1)
+    Y = stacked_mod_p(A, X, bound_a)
+    Z = matmul_mod_p(np, C.reshape(-1, n), R, bound_c, _c_limit(np, bound_c, product_bound))
+    return (Y != Z.reshape(Y.shape)).any(axis=2)
+
+
+def _c_limit(xp: ModuleType, bound_c: int, product_bound: int) -> int | None:
+    """What C's entries are checked against, rather than trusted up to bound_c: the
+    product's bound, on the host, where it is the smaller."""
+    return product_bound if xp is np and product_bound < bound_c else None
