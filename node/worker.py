@@ -995,12 +995,11 @@ class Worker:
             c = self._product(job, a, b)
         if self.config.corrupt_results:
             c = compute.corrupt(c, self._rng)
-        head = self._retry_for(job, self.chain.block_number)
-        if job.deadline and head >= job.deadline:
+        if job.deadline and self._head >= job.deadline:  # the head the job loop saw last
             # the commit would land after the deadline and revert: gas for nothing, and its
             # calldata would give C's id to anyone (the submitter could fetch C, then cancel)
             raise ClaimExpired(f"the claim's deadline, block {job.deadline}, passed (head "
-                               f"{head}) before C was ready: not committed")
+                               f"{self._head}) before C was ready: not committed")
         t2 = time.perf_counter()
         c_id = self._retry_for(job, self.chain.put_array, c)
         t3 = time.perf_counter()
