@@ -254,7 +254,7 @@ class ChainClient:
             return formatted_receipt(answer["receipt"])
         head = self.w3.eth.block_number if answer is None else answer["head"]
         while True:
-            receipt = self._receipt(tx_hash)
+            receipt = self.receipt(tx_hash)
             if receipt is not None:
                 mark("client receipt")
                 return receipt
@@ -298,7 +298,8 @@ class ChainClient:
         tx_hash = bytes.fromhex(answer["hash"][2:])
         return tx_hash, self._receipts_in(answer, [*after, tx_hash])
 
-    def _receipt(self, tx_hash: bytes):
+    def receipt(self, tx_hash: bytes):
+        """A transaction's receipt; None while it is pending or unknown."""
         try:
             return self.w3.eth.get_transaction_receipt(tx_hash)
         except TransactionNotFound:
@@ -391,7 +392,7 @@ class ChainClient:
         message = str(refusal)
         if "already known" in message:
             return True
-        return "nonce too low" in message and self._receipt(tx_hash) is not None
+        return "nonce too low" in message and self.receipt(tx_hash) is not None
 
     def _revert_reason(self, fn_call, value: int, receipt) -> str:
         """Why a mined transaction reverted: the call replayed on the state before its block

@@ -15,6 +15,7 @@ import numbers
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -217,12 +218,29 @@ class JobClient:
 
     def matmul_batch(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """Submit all products in one transaction and return their verified results."""
-        return self.wait(self.submit(pairs))
+        opened: list[_Pending] = []
+        try:
+            self._submit(pairs, opened)
+            return self.wait(opened)
+        except KeyboardInterrupt as err:
+            # a Ctrl-C between the steps (the jobs opened, `wait` not yet following them)
+            # carries no account of the jobs: they are cancelled here, as `wait` would
+            if err.args or not opened:
+                raise
+            raise KeyboardInterrupt(f"interrupted: {self.abandon(opened)}") from None
 
     def submit(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[_Pending]:
         """Validate and upload the operands, then open one job per pair in one transaction."""
+        opened: list[_Pending] = []
+        self._submit(pairs, opened)
+        return opened
+
+    def _submit(self, pairs: list[tuple[np.ndarray, np.ndarray]], opened: list[_Pending]
+                ) -> None:
+        """`submit`, filling `opened` in one step once the jobs are on chain, so that a
+        Ctrl-C at any later point finds them there to cancel."""
         if not pairs:
-            return []
+            return
         pairs = [(_native_byte_order(a), _native_byte_order(b)) for a, b in pairs]
         if len(pairs) > MAX_BATCH_JOBS:  # else uploaded, then reverted on chain for gas
             raise RemoteJobError("validate", f"{len(pairs)} products in one batch: one "
@@ -255,16 +273,23 @@ class JobClient:
             raise RemoteJobError("upload", f"{type(err).__name__}: {err}") from err
         uploaded = time.perf_counter()
         mark("job uploaded")
-        signed = None
+        signed = receipt = None
         try:
             signed = signing.result() if signing else \
                 self._sign_submission(flat, shapes, precisions)
             receipt = self._send_submission(
                 signed, lambda: self._sign_submission(flat, shapes, precisions))
+            times = {"start": start, "uploaded": uploaded, "submitted": time.perf_counter()}
+            opened.extend(self._opened_by(receipt, pairs, precisions, times))
         except KeyboardInterrupt:
-            raise KeyboardInterrupt(
-                "interrupted while the submission was sent: it may still open the job; "
-                "`needle-net jobs` lists it and `needle-net cancel JOB_ID` refunds it") from None
+            if signed is None:  # its nonce (taken on a pool thread, perhaps) was never sent
+                if signing:
+                    wait_for([signing])
+                self.market.client.forget_nonce()
+                raise KeyboardInterrupt("interrupted before the submission was sent: no job "
+                                        "was submitted") from None
+            raise KeyboardInterrupt(self._interrupted_submission(
+                signed, receipt, pairs, precisions, opened)) from None
         except Exception as err:
             if signing:
                 self.market.client.forget_nonce()  # in case signing failed after its nonce
@@ -274,16 +299,32 @@ class JobClient:
                             "still open the jobs: `needle-net jobs` lists them and "
                             "`needle-net cancel JOB_ID` refunds each")
             raise RemoteJobError("submit", message) from err
-        try:
-            job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(
-                "interrupted once the submission was mined: its jobs are open; `needle-net "
-                "jobs` lists them and `needle-net cancel JOB_ID` refunds each") from None
-        now = time.perf_counter()
-        return [_Pending(job_id, a, b, p, receipt["blockNumber"],
-                         times={"start": start, "uploaded": uploaded, "submitted": now})
+
+    def _opened_by(self, receipt, pairs: list[tuple[np.ndarray, np.ndarray]],
+                   precisions: list[str], times: dict[str, float]) -> list[_Pending]:
+        """The jobs a mined submission opened, in the order of `pairs`."""
+        job_ids = [int(e["jobId"]) for e in self.market.events_in(receipt, "JobSubmitted")]
+        return [_Pending(job_id, a, b, p, receipt["blockNumber"], times=dict(times))
                 for job_id, (a, b), p in zip(job_ids, pairs, precisions, strict=True)]
+
+    def _interrupted_submission(self, signed: tuple, receipt, pairs: list,
+                                precisions: list[str], opened: list[_Pending]) -> str:
+        """What a Ctrl-C during the submission left behind. Jobs it opened are cancelled, for
+        their fees back: the node is asked once whether a transaction sent is mined
+        already (the chain may have sealed it while its answer was on the way)."""
+        if not opened:
+            try:
+                receipt = receipt or self.market.client.receipt(keccak(signed[1]))
+                if receipt is not None and receipt["status"] == 1:
+                    opened.extend(self._opened_by(receipt, pairs, precisions, {}))
+            except Exception:  # noqa: BLE001 - the node unreachable: the user is told below
+                pass
+        if opened:
+            return f"interrupted: {self.abandon(opened)}"
+        self.market.client.forget_nonce()  # the node counts it if it has the transaction
+        return (f"interrupted while the submission (transaction 0x{keccak(signed[1]).hex()}) "
+                "was sent: it may still open the job; `needle-net jobs` lists it and "
+                "`needle-net cancel JOB_ID` refunds it")
 
     def _send_submission(self, signed: tuple, sign_again: Callable[[], tuple]):
         """Send the signed submitJobs and wait for its receipt. Where the node's answer was
