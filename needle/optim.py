@@ -308,6 +308,17 @@ class CosineLR:
         self.optimizer.lr = self.min_lr + (self.base_lr - self.min_lr) * cosine
 
 
+def _grad_norm(grads: list[NDArray]) -> float:
+    """The joint L2 norm, summed on the device; taken again in float64 on the host where that
+    sum overflows: float32 squares of entries above ~1.8e19 are inf, yet such an exploding
+    but finite gradient is what clipping is for."""
+    total = math.sqrt(sum(float((grad ** 2.0).sum().numpy()) for grad in grads))
+    if math.isfinite(total):
+        return total
+    return math.sqrt(sum(float(np.square(grad.numpy().astype(np.float64)).sum())
+                         for grad in grads))
+
+
 def clip_grad_norm(params, max_norm: float) -> float:
     """Scale all gradients so that their joint L2 norm is at most max_norm; returns the norm
     before clipping."""
@@ -316,7 +327,7 @@ def clip_grad_norm(params, max_norm: float) -> float:
     if isinstance(params, Tensor):  # iterating one would visit row copies without grads: 0
         params = [params]
     grads = [p for p in params if p.grad is not None]
-    total = math.sqrt(sum(float((_array(p.grad) ** 2.0).sum().numpy()) for p in grads))
+    total = _grad_norm([_array(p.grad) for p in grads])
     if not math.isfinite(total):
         raise FloatingPointError(f"gradient norm is {total}; refusing to clip non-finite gradients")
     if total > max_norm:

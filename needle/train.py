@@ -252,6 +252,22 @@ def write_metrics(history: list[dict[str, float]], path: str) -> None:
         writer.writerows(history)
 
 
+def read_metrics(path: str, epochs: int) -> list[dict[str, float]]:
+    """The rows of epochs 1..epochs in a log an interrupted run wrote (none if there is no
+    such file), so that the resumed run appends to them rather than overwriting its log with
+    its own epochs only."""
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, newline="") as f:
+            rows = json.load(f) if path.endswith(".json") else list(csv.DictReader(f))
+        rows = [{k: int(v) if k == "epoch" else float(v) for k, v in row.items()}
+                for row in rows]
+        return [row for row in rows if row["epoch"] <= epochs]
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise ValueError(f"--log {path}: not a metrics log to continue ({e!r})") from None
+
+
 def plot_metrics(history: list[dict[str, float]], path: str) -> None:
     """Loss and accuracy per epoch, train and test, side by side."""
     import matplotlib
@@ -304,7 +320,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-lines", type=_positive(int),
                    help="language models: read at most this many lines")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log", help="write per-epoch metrics to this .csv or .json file")
+    p.add_argument("--log", help="write per-epoch metrics to this .csv or .json file (with "
+                   "--resume, after the epochs it holds up to the checkpoint's)")
     p.add_argument("--plot", help="write a PNG of the training curves to this file")
     p.add_argument("--save", help="write a checkpoint (model + optimizer) here after each epoch")
     p.add_argument("--resume", help="go on from a --save checkpoint (model, optimizer with its "
@@ -380,6 +397,7 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
         for _ in range(done if schedule else 0):  # the lr the uninterrupted run would have
             schedule.step()
     history = []
+    logged = read_metrics(args.log, done) if args.log and done else []
     for n in range(done + 1, args.epochs + 1):
         np.random.seed([args.seed, n])  # each epoch's randomness from (seed, epoch) alone, so
         if not language:                # that a resumed run repeats the uninterrupted one
@@ -394,9 +412,9 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
         if args.save:
             checkpoint.save(args.save, model, optimizer, train={"epochs": np.int64(n)})
         if args.log:
-            write_metrics(history, args.log)
+            write_metrics(logged + history, args.log)
     if args.plot and history:
-        plot_metrics(history, args.plot)
+        plot_metrics(logged + history, args.plot)
     return history
 
 
