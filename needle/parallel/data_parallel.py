@@ -25,6 +25,7 @@ import needle as ndl
 from needle.nn import BatchNorm1d, Module, Parameter
 
 from .comm import Communicator
+from .model_parallel import host_array
 
 
 @dataclass
@@ -137,9 +138,10 @@ class DataParallel(Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    def shard(self, batch: np.ndarray) -> np.ndarray:
-        """This rank's rows of a global batch (contiguous blocks, sizes differ by at most one)."""
-        batch = np.asarray(batch)
+    def shard(self, batch: np.ndarray | ndl.Tensor) -> np.ndarray:
+        """This rank's rows of a global batch (contiguous blocks, sizes differ by at most one),
+        given as numpy or as a Tensor (a DataLoader's batch)."""
+        batch = host_array(batch)
         if batch.ndim == 0 or batch.shape[0] < self.comm.size:
             raise ValueError(
                 f"a batch of shape {batch.shape} cannot be split over {self.comm.size} ranks"

@@ -49,19 +49,27 @@ def launch_command(nprocs: int, script: str, args: list[str]) -> list[str]:
 SINGLETON_PREFIXES = ("PMIX_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix",
                       "OMPI_APP_CTX_", "ORTE_SCHIZO_")
 
+# Every rank runs on this host, so MPICH's transports need only the loopback interface; left to
+# themselves, UCX and libfabric's TCP providers listen on every interface, where any machine on
+# the network could connect to the unauthenticated endpoints that carry the gradients
+LOOPBACK_ONLY = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
+
 
 def launch_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`base` (default: this process's environment) with what Open MPI needs here.
+    """`base` (default: this process's environment) with what MPI needs here.
 
-    Open MPI refuses to start as root (containers, the GPU machines) and binds each
-    rank to one core, which starves the CPU backend's OpenMP threads and NCCL's proxy
-    thread; MPICH ignores these variables. Values already set are kept, except those an
-    Open MPI singleton in a parent process left (a test run or notebook that used mpi4py).
+    MPICH's transports listen on the loopback interface only (`LOOPBACK_ONLY`). Open MPI
+    refuses to start as root (containers, the GPU machines) and binds each rank to one core,
+    which starves the CPU backend's OpenMP threads and NCCL's proxy thread; MPICH ignores
+    these variables. Values already set are kept, except those an Open MPI singleton in a
+    parent process left (a test run or notebook that used mpi4py).
     """
     env = dict(os.environ if base is None else base)
     if env.get("OMPI_MCA_ess") == "singleton":
         env = {key: value for key, value in env.items()
                if not key.startswith(SINGLETON_PREFIXES)}
+    for key, value in LOOPBACK_ONLY.items():
+        env.setdefault(key, value)
     env.setdefault("OMPI_MCA_hwloc_base_binding_policy", "none")
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from needle.autograd import Tensor, TensorOp
 from needle.nn import Module
 
@@ -26,6 +28,12 @@ class ToDevice(TensorOp):
 
 def to_device(x: Tensor, device) -> Tensor:
     return ToDevice(device)(x)
+
+
+def host_array(batch: np.ndarray | Tensor) -> np.ndarray:
+    """A batch as numpy: np.asarray would make a Tensor (a DataLoader's batch) an array of
+    Tensor objects, which needle refuses only later, as dtype object."""
+    return batch.numpy() if isinstance(batch, Tensor) else np.asarray(batch)
 
 
 def place(module: Module, device) -> Module:

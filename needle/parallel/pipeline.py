@@ -27,7 +27,7 @@ from needle.autograd import Tensor
 from needle.nn import Module, Parameter
 
 from .comm import Communicator
-from .model_parallel import place
+from .model_parallel import host_array, place
 
 
 class Task(NamedTuple):
@@ -99,7 +99,8 @@ class Pipeline:
         unique = {id(p): p for s in self.local for p in self.stages[s].parameters()}
         return list(unique.values())
 
-    def forward_backward(self, x: np.ndarray, y: np.ndarray, loss_fn: LossFn) -> float:
+    def forward_backward(self, x: np.ndarray | Tensor, y: np.ndarray | Tensor,
+                         loss_fn: LossFn) -> float:
         """One GPipe step; leaves the batch-mean gradient in each local parameter's `.grad`.
 
         Returns the batch-mean loss (on every rank).
@@ -107,7 +108,7 @@ class Pipeline:
         if not autograd.is_grad_enabled():  # the stages would record no graph to take gradients of
             raise RuntimeError("Pipeline.forward_backward computes gradients; call it outside "
                                "needle.no_grad()")
-        x, y = np.asarray(x), np.asarray(y)
+        x, y = host_array(x), host_array(y)
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"inputs have {x.shape[0]} rows but targets have {y.shape[0]}")
         if x.shape[0] < self.micro_batches:
