@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import re
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -56,6 +57,10 @@ MAX_BATCH = 4096
 # a call of the block's 2e9 gas of cheap opcodes ran for ~10 minutes, stalling the chain
 RPC_EVM_TIMEOUT = 5.0
 DEADLINE_CHECK_POPS = 1024  # stack pops between two looks at the clock
+# a block parameter this long ("0x" and 32 bytes of hex) is a block hash, as geth reads it
+# (BlockNumberOrHash): web3.py sends a block_identifier given as a hash this way, and it was
+# read as a block number beyond the head ("block 1073...365 not found")
+BLOCK_HASH_TEXT = 66
 
 
 class RpcError(Exception):
@@ -234,6 +239,86 @@ def parse_percentiles(value) -> list[float]:
     return value
 
 
+def parse_state_overrides(value) -> dict[bytes, dict]:
+    """eth_call's and eth_estimateGas's state override set (geth's): by address, a new
+    balance, nonce and code, and its whole storage (``state``) or some slots
+    (``stateDiff``); None: none. They were accepted and ignored: the call ran on the
+    unchanged state and answered as if they held."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid_params("state overrides must be an object keyed by address")
+    parsed = {}
+    for address, fields in value.items():
+        name = f"state override of {address}"
+        if not isinstance(fields, dict):
+            raise invalid_params(f"{name} must be an object")
+        if unknown := sorted(fields.keys() - OVERRIDE_FIELDS):
+            raise invalid_params(f"{name}: unsupported fields {unknown}")
+        if fields.get("state") is not None and fields.get("stateDiff") is not None:
+            raise invalid_params(f"{name} has both state and stateDiff")
+        parsed[parse_address(address, name)] = {
+            key: None if fields.get(key) is None else parse(fields[key], f"{name}: {key}")
+            for key, parse in OVERRIDE_FIELDS.items()}
+    return parsed
+
+
+def parse_storage(value, name: str) -> dict[int, int]:
+    """A storage override: 32-byte slots to 32-byte values."""
+    if not isinstance(value, dict):
+        raise invalid_params(f"{name} must be an object of slots to values")
+    return {int.from_bytes(parse_hash(slot, name), "big"):
+            int.from_bytes(parse_hash(word, name), "big") for slot, word in value.items()}
+
+
+OVERRIDE_FIELDS = {"balance": parse_quantity, "nonce": parse_quantity, "code": parse_data,
+                   "state": parse_storage, "stateDiff": parse_storage}
+
+
+def apply_state_overrides(state, overrides: dict[bytes, dict]) -> None:
+    """Write ``parse_state_overrides``' set into a (costless, discarded) state, as if an
+    earlier transaction had: original values and access lists start from it."""
+    for account, fields in overrides.items():
+        if fields["balance"] is not None:
+            state.set_balance(account, fields["balance"])
+        if fields["nonce"] is not None:
+            state.set_nonce(account, fields["nonce"])
+        if fields["code"] is not None:
+            state.set_code(account, fields["code"])
+        if fields["state"] is not None:
+            state.delete_storage(account)
+        for slot, word in (fields["state"] or fields["stateDiff"] or {}).items():
+            state.set_storage(account, slot, word)
+    state.lock_changes()
+
+
+def costless_state(vm):
+    """The state py-evm's ``vm.in_costless_state()`` gives (the block after the VM's header,
+    with no base fee), without the revert that closes it: the state is dropped after the
+    call anyway, and py-evm's journal cannot revert across the state overrides' locked-in
+    changes (-32603 'No checkpoint ... was found' on the stock execution path)."""
+    header = vm.get_header()
+    child = vm.generate_block_from_parent_header_and_coinbase(header, header.coinbase).header
+    previous = itertools.chain((header.hash,), vm.previous_hashes)
+    return vm.build_state(vm.chaindb.db, child.copy(base_fee_per_gas=0), vm.chain_context,
+                          previous)
+
+
+def no_block_overrides(value) -> None:
+    """geth's block overrides (a call's block number, time, ...) are not offered: refused,
+    not ignored."""
+    if value is not None:
+        raise invalid_params("block overrides are not supported")
+
+
+def new_filter_id() -> str:
+    """A filter id no other filter had, across restarts too (random, as geth's): counted from
+    1 at every start, a client polling its filter after a restart got another client's
+    filter, of logs or of block hashes, instead of "not found" (which says to install it
+    again), and any client could poll (and so drain) or uninstall its neighbours'."""
+    return q(secrets.randbits(128) | 1 << 127)
+
+
 def revert_error(output: bytes) -> RpcError:
     reason = ""
     if output[:4] == REVERT_SELECTOR:
@@ -242,6 +327,29 @@ def revert_error(output: bytes) -> RpcError:
         except Exception:
             reason = ""
     return RpcError(3, f"execution reverted{reason}", d(output))
+
+
+def block_rewards(block, receipts: list, percentiles: list[float]) -> list[int]:
+    """eth_feeHistory's rewards of one block, as geth computes them: the transactions'
+    effective tips in ascending order, each percentile the tip of the transaction at which
+    their gas used adds up to that share of the block's. Counting transactions instead
+    gave each percentile the next one up (the 50th of two was the higher tip)."""
+    if not block.transactions:
+        return [0] * len(percentiles)
+    base_fee, gas_before, by_tip = block.header.base_fee_per_gas, 0, []
+    for tx, receipt in zip(block.transactions, receipts, strict=True):
+        tip = min(tx.max_priority_fee_per_gas, tx.max_fee_per_gas - base_fee)
+        by_tip.append((tip, receipt.gas_used - gas_before))
+        gas_before = receipt.gas_used
+    by_tip.sort(key=lambda tip_and_gas: tip_and_gas[0])
+    index, gas_so_far, rewards = 0, by_tip[0][1], []
+    for percentile in percentiles:
+        threshold = int(block.header.gas_used * percentile / 100)
+        while gas_so_far < threshold and index < len(by_tip) - 1:
+            index += 1
+            gas_so_far += by_tip[index][1]
+        rewards.append(by_tip[index][0])
+    return rewards
 
 
 class ExecutionTimeout(Exception):
@@ -361,7 +469,6 @@ class Rpc:
         self.node = node
         self.blocks = BlockCache(node)
         self.filters: dict[str, dict] = {}
-        self.filter_ids = itertools.count(1)
         self.methods: dict[str, Callable] = {
             name[4:].replace("__", "_"): getattr(self, name)
             for name in dir(self) if name.startswith("rpc_")
@@ -421,7 +528,9 @@ class Rpc:
         return reply if "id" in request else None
 
     def _reply(self, request: dict, rid, decoded) -> dict:
-        params = request.get("params", [])
+        params = request.get("params")
+        if params is None:  # omitted, or null as geth also takes it
+            params = []
         if not isinstance(params, list):
             return self._error(rid, invalid_params("params must be an array"))
         method = self.methods.get(request["method"])
@@ -460,6 +569,8 @@ class Rpc:
         """The header a block parameter names (a tag, a number, or EIP-1898's object);
         UnknownBlock if this node has no such block."""
         chain = self.node.chain
+        if isinstance(tag, str) and len(tag) == BLOCK_HASH_TEXT:  # web3's block_identifier=hash
+            tag = {"blockHash": tag}
         if isinstance(tag, dict):
             if "blockHash" in tag:
                 block_hash = parse_hash(tag["blockHash"], "blockHash")
@@ -498,11 +609,13 @@ class Rpc:
                                    f"{tx.intrinsic_gas}")
         return SpoofTransaction(tx, from_=sender)
 
-    def _execute(self, call: dict, tag, allowance: int | None = None):
+    def _execute(self, call: dict, tag, allowance: int | None = None,
+                 overrides: dict | None = None):
         """Run a call in the context of the block after ``tag`` (costless, discarded), with
-        at most ``allowance`` gas where given (eth_estimateGas's cap); a failed execution
-        is raised as its RpcError."""
-        tx, computation = self._run(call, tag, allowance)
+        at most ``allowance`` gas where given (eth_estimateGas's cap), on the state with
+        ``parse_state_overrides``' `overrides`; a failed execution is raised as its
+        RpcError."""
+        tx, computation = self._run(call, tag, allowance, overrides)
         if computation.is_error:
             if isinstance(computation.error, Revert):
                 raise revert_error(computation.output)
@@ -511,7 +624,7 @@ class Rpc:
             raise RpcError(-32000, f"execution failed: {computation.error!r}")
         return tx, computation
 
-    def _run(self, call: dict, tag, allowance: int | None = None):
+    def _run(self, call: dict, tag, allowance: int | None = None, overrides: dict | None = None):
         """``_execute``'s run: the transaction and its computation, failed or not; within
         what is left of the request's RPC_EVM_TIMEOUT."""
         header = self.header_at(tag)
@@ -523,11 +636,11 @@ class Rpc:
         started = time.monotonic()
         _execution.deadline = started + left
         try:
-            with self.node.chain.get_vm(header).in_costless_state() as state:
-                tx = self._spoof(call, state,
-                                 min(header.gas_limit, allowance or header.gas_limit))
-                state.computation_class = deadline_computation(state.computation_class)
-                computation = state.costless_execute_transaction(tx)
+            state = costless_state(self.node.chain.get_vm(header))
+            apply_state_overrides(state, overrides or {})
+            tx = self._spoof(call, state, min(header.gas_limit, allowance or header.gas_limit))
+            state.computation_class = deadline_computation(state.computation_class)
+            computation = state.costless_execute_transaction(tx)
         except ExecutionTimeout:
             raise RpcError(-32000, f"execution aborted (timeout = {RPC_EVM_TIMEOUT:g}s)") \
                 from None
@@ -655,19 +768,24 @@ class Rpc:
             parse_address(address), parse_quantity(slot, "slot"))
         return d(value.to_bytes(32, "big"))
 
-    def rpc_eth__call(self, call, block="latest", *_overrides):
-        return d(self._execute(call, block)[1].output)
+    def rpc_eth__call(self, call, block="latest", state_overrides=None, block_overrides=None):
+        no_block_overrides(block_overrides)
+        overrides = parse_state_overrides(state_overrides)
+        return d(self._execute(call, block, overrides=overrides)[1].output)
 
-    def rpc_eth__estimateGas(self, call, block="latest", *_overrides):
+    def rpc_eth__estimateGas(self, call, block="latest", state_overrides=None,
+                             block_overrides=None):
         """Gas for the call with a margin, within the caller's `gas` (its allowance, as geth)
         and never below EIP-7623's calldata floor, which admission requires."""
         if not isinstance(call, dict):
             raise invalid_params("call must be an object")
+        no_block_overrides(block_overrides)
+        overrides = parse_state_overrides(state_overrides)
         header = self.header_at(block)
         allowance = header.gas_limit
         if call.get("gas"):
             allowance = min(allowance, parse_quantity(call["gas"], "gas"))
-        tx, computation = self._execute({**call, "gas": None}, block, allowance)
+        tx, computation = self._execute({**call, "gas": None}, block, allowance, overrides)
         used = tx.gas - computation.get_gas_remaining()
         floor = calldata_floor_gas(tx.data)
         if floor > allowance:
@@ -678,14 +796,15 @@ class Rpc:
         if any(child.children for child in computation.children):
             # calls two or more levels deep keep 1/64 at each level: the margin above falls
             # short (a call two levels down that needs 1M gas failed with the estimate)
-            estimate = self._lowest_sufficient_gas(call, block, estimate, allowance)
+            estimate = self._lowest_sufficient_gas(call, block, estimate, allowance, overrides)
         return q(estimate)
 
-    def _lowest_sufficient_gas(self, call: dict, tag, guess: int, allowance: int) -> int:
+    def _lowest_sufficient_gas(self, call: dict, tag, guess: int, allowance: int,
+                               overrides: dict) -> int:
         """The least gas (within 1/64) from ``guess`` up with which the call succeeds, by
         geth's binary search; the allowance is known to suffice."""
         def enough(gas: int) -> bool:
-            return not self._run({**call, "gas": None}, tag, gas)[1].is_error
+            return not self._run({**call, "gas": None}, tag, gas, overrides)[1].is_error
 
         if enough(guess):
             return guess
@@ -708,14 +827,10 @@ class Rpc:
         first = max(0, last - count + 1)
         base_fees, ratios, rewards = [], [], []
         for number in range(first, last + 1):
-            block = self.blocks.get(number)[0]
+            block, receipts, _ = self.blocks.get(number)
             base_fees.append(q(block.header.base_fee_per_gas))
             ratios.append(block.header.gas_used / block.header.gas_limit)
-            tips = sorted(min(tx.max_priority_fee_per_gas,
-                              tx.max_fee_per_gas - block.header.base_fee_per_gas)
-                          for tx in block.transactions)
-            rewards.append([q(tips[min(len(tips) - 1, int(len(tips) * p / 100))] if tips else 0)
-                            for p in percentiles])
+            rewards.append([q(tip) for tip in block_rewards(block, receipts, percentiles)])
         base_fees.append(q(self.node.next_base_fee() if last == self.node.head().block_number
                            else self.blocks.get(last + 1)[0].header.base_fee_per_gas))
         result = {"oldestBlock": q(first), "baseFeePerGas": base_fees, "gasUsedRatio": ratios}
@@ -807,7 +922,7 @@ class Rpc:
         first, _ = self._log_range({**log_filter, "toBlock": "latest"})
         if log_filter.get("fromBlock") in (None, "latest", "pending"):
             first = self.node.head().block_number + 1  # only logs of blocks still to come
-        fid = q(next(self.filter_ids))
+        fid = new_filter_id()
         self._install(fid, {"kind": "logs", "criteria": log_filter, "matched": matched,
                             "next": first, "last": self._filter_end(log_filter.get("toBlock"))})
         return fid
@@ -832,7 +947,7 @@ class Rpc:
         self.filters[fid] = {**spec, "polled": now}
 
     def rpc_eth__newBlockFilter(self):
-        fid = q(next(self.filter_ids))
+        fid = new_filter_id()
         self._install(fid, {"kind": "blocks", "next": self.node.head().block_number + 1})
         return fid
 
