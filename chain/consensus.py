@@ -4,7 +4,8 @@ The work of a block is the list of (jobId, worker, flops) of the market's
 ``JobVerified`` events, in log order. The header's ``extra_data`` holds
 ``keccak256(rlp(work))``. Validating a block re-executes it (so every Freivalds
 check runs again on this node's blob store) and recomputes the seal from the
-receipts; a block claiming work that does not verify here is invalid.
+receipts; a block claiming work that does not verify here is invalid. Its coinbase must be
+the reward pool, which the priority fees refill.
 
 Rewards (no minting): the block's verified workers share
 ``min(MAX_BLOCK_REWARD, pool balance, REWARD_PER_GFLOP * total_flops / 1e9)``
@@ -25,7 +26,7 @@ from eth_hash.auto import keccak
 from eth_utils import ValidationError, event_abi_to_log_topic
 
 from chain.compile import compiled_market
-from chain.params import MARKET_ADDRESS, MAX_BLOCK_REWARD, REWARD_PER_GFLOP
+from chain.params import MARKET_ADDRESS, MAX_BLOCK_REWARD, REWARD_PER_GFLOP, REWARD_POOL_ADDRESS
 
 Work = tuple[int, bytes, int]
 
@@ -87,6 +88,12 @@ class PoUWConsensus(NoProofConsensus):
     def validate_seal(self, header: BlockHeaderAPI) -> None:
         if header.block_number == 0:
             return
+        if header.coinbase != REWARD_POOL_ADDRESS:
+            # the pool, which pays every block reward, is refilled by the priority fees
+            raise ValidationError(
+                f"block #{header.block_number} pays its priority fees to "
+                f"0x{header.coinbase.hex()}, not to the reward pool"
+            )
         work = []
         if may_hold_work(header):
             work = verified_work(self.chaindb.get_receipts(header, PragueReceiptBuilder))

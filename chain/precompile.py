@@ -66,6 +66,11 @@ def verdict(store: BlobStore, a_id: bytes, b_id: bytes, c_id: bytes, batch: int,
     """PASS if C = A @ B for every product in the batch, by Freivalds with this seed."""
     from verifier import verify
 
+    if 0 in (batch, m, k, n):
+        # an empty product, which the verifier refuses; refused before any blob is read, since
+        # gas paid for batch * (mk + kn + mn) = 0 elements of a batch of 0 and a shared 2-D B
+        # of any size would otherwise be read and decoded by every node for the base gas
+        return BAD_OPERANDS
     exact = precision == 0
     single = [(batch, m, k)] + ([(m, k)] if batch == 1 else [])
     a = _operand(store, a_id, single, exact)
