@@ -230,14 +230,29 @@ class Worker:
             finished[record.job_id, record.started] = record
         if len(finished) < len(lines):  # rewritten without it: the next line starts afresh
             self._write(self._journal_path, "".join(_line(r) for r in finished.values()))
-        saved = json.loads(self._state_path.read_text()) if self._state_path.exists() else \
-            {"next_block": 0, "jobs": []}
-        others = [r for r in (JobRecord(**j) for j in saved["jobs"])
-                  if (r.job_id, r.started) not in finished]
+        next_block, in_flight, waiting = self._saved_state()
+        others = [r for r in in_flight if (r.job_id, r.started) not in finished]
         # a state file written before the journal existed lists finished jobs too
         self._unjournaled = [r for r in others if r.stage in FINISHED]
         jobs = sorted([*finished.values(), *others], key=lambda r: r.started)
-        return int(saved["next_block"]), jobs, [int(j) for j in saved.get("waiting", [])]
+        return next_block, jobs, waiting
+
+    def _saved_state(self) -> tuple[int, list[JobRecord], list[int]]:
+        """(next block to scan, the jobs in flight, the open jobs waiting) from the state
+        file. One that cannot be read (cut short, emptied by a power cut, edited) is a
+        WorkerStartError that names it and the way out: a bare JSON error (or a TypeError's
+        traceback) said neither, while a claim the worker held ran towards its deadline."""
+        if not self._state_path.exists():
+            return 0, [], []
+        try:
+            saved = json.loads(self._state_path.read_text())
+            return (int(saved["next_block"]), [JobRecord(**j) for j in saved["jobs"]],
+                    [int(j) for j in saved.get("waiting", [])])
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise WorkerStartError(
+                f"the worker state file {self._state_path} cannot be read "
+                f"({type(err).__name__}: {err}); move it aside to start afresh: the jobs this "
+                "worker holds on chain are then taken up again from the chain") from err
 
     def _save_state(self) -> None:
         """Append the jobs finished since the last save to the journal, then rewrite the
@@ -337,11 +352,11 @@ class Worker:
         with self._withdraw_lock:
             stake, withdraw_block, active_claims = self.chain.worker_info(self.address)
             if withdraw_block == 0:
-                self._withdrawing = True  # no claim may start while the request is out
-                try:
+                withdrawing, self._withdrawing = self._withdrawing, True  # no claim may start
+                try:  # while the request is out
                     receipt = self.chain.send("requestWithdraw")
-                except Exception:  # refused (too little ETH for gas): still taking jobs
-                    self._withdrawing = False
+                except Exception:  # refused: taking jobs as before (none once withdrawn)
+                    self._withdrawing = withdrawing
                     raise
                 available = self.chain.events_in(receipt,
                                                  "WithdrawRequested")[0]["availableBlock"]

@@ -1,0 +1,155 @@
+"""Worker review 24: a worker on a chain longer than one eth_getLogs query may span (its
+first poll asked for every event from block 0 in one query, which the node refuses past
+MAX_LOG_BLOCKS blocks: the worker failed every poll, for good, and took no job), and a
+state file that cannot be read (the worker did not start, with a bare JSON error or a
+TypeError's traceback that named neither the file nor what to do, while the claim it held
+ran towards its deadline's stake cut), and a withdrawal asked for
+once more after the stake was withdrawn (the chain refused it, and the worker, with no
+stake, said it was accepting jobs again). A real chain node, a real worker, real
+transactions."""
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import uvicorn
+from helpers import run_worker, stop_worker, submit_as_declared, wait_for
+
+import chain.rpc as rpc_module
+import node.market as market_module
+from chain.devnet import dev_account
+from chain.node import Node, NodeConfig
+from chain.rpc import create_app
+from node.market import JOB_CLAIMED, JOB_DONE, Market, TxReverted
+from node.worker import Worker, WorkerConfig, WorkerStartError
+
+pytestmark = pytest.mark.timeout(120)
+ETHER = 10**18
+FEE = 10**15
+FP32 = 1
+
+
+def _job(seed: int) -> tuple:
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((6, 5), np.float32), rng.standard_normal((5, 4), np.float32)
+    return a, b, (1, 6, 5, 4), FP32
+
+
+def _verified(worker: Worker, job_id: int) -> bool:
+    return any(j["job_id"] == job_id and j["stage"] == "verified" for j in worker.job_list())
+
+
+@pytest.mark.parametrize("case, damaged", [
+    (0, '{"next_block": 7, "jobs": [{"job_id": 0, "ba'),  # cut short mid-write
+    (1, ""),  # emptied by a power cut between the write and its rename
+    (2, '{"next_block": 3, "jobs": [{"job_id": 0}]}'),  # a record without its fields
+], ids=["cut", "empty", "bad-record"])
+def test_a_damaged_state_file_is_a_start_error_whose_advice_finishes_the_claim(
+        node, tmp_path, case, damaged):
+    """The error names the file and the way out; taking it (the file moved aside), the
+    worker finds the claim it held on the chain and finishes it, paid and not cut."""
+    account = dev_account(3 + case)  # a fresh worker per case
+    me, submitter = Market(node.url, account), Market(node.url, dev_account(1))
+    me.send("register", value=ETHER)
+    (job_id,) = submit_as_declared(submitter, FEE, [_job(case)])
+    me.send("claimJob", job_id)  # the previous run's claim, then a crash
+    assert me.job(job_id).status == JOB_CLAIMED
+    state = tmp_path / "worker-state.json"
+    state.write_text(damaged)
+    config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER,
+                          poll_interval=0.2)
+    advice = f"{re.escape(str(state))} cannot be read .*move it aside"
+    with pytest.raises(WorkerStartError, match=advice):
+        Worker(config, account)
+    state.rename(tmp_path / "worker-state.json.old")
+    worker = Worker(config, account)
+    thread = run_worker(worker)
+    try:
+        wait_for(lambda: _verified(worker, job_id), 30, "the claimed job verified")
+        assert submitter.job(job_id).status == JOB_DONE
+        assert me.stake_of(account.address) == ETHER  # no deadline's stake cut
+    finally:
+        stop_worker(worker, thread)
+        for market in (me, submitter):
+            market.close()
+
+
+@contextmanager
+def _node_serving(data_dir) -> Iterator[str]:
+    """A chain node (chain.node.Node, its JSON-RPC app under uvicorn) on 127.0.0.1 in this
+    process: its URL. In this process, so that its log span limit can be lowered."""
+    chain_node = Node(NodeConfig(data_dir, block_time=0, decode_process=False))
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(chain_node), log_level="warning"))
+    chain_node.start()
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        chain_node.stop()
+
+
+def test_a_worker_on_a_chain_longer_than_one_log_query_takes_its_jobs(tmp_path, monkeypatch):
+    span = 4  # the node's MAX_LOG_BLOCKS (10,000: 33 minutes of a devnet's 0.2 s blocks)
+    monkeypatch.setattr(rpc_module, "MAX_LOG_BLOCKS", span)
+    monkeypatch.setattr(market_module, "MAX_LOG_BLOCKS", span)  # the client's spans match
+    with _node_serving(tmp_path / "chain") as url:
+        account = dev_account(2)
+        me, submitter = Market(url, account), Market(url, dev_account(1))
+        me.send("register", value=ETHER)
+        job_ids = [submit_as_declared(submitter, FEE, [_job(i)])[0] for i in range(3 * span)]
+        assert submitter.block_number() > 2 * span  # one query from block 0 is refused
+        worker = Worker(WorkerConfig(rpc_url=url, data_dir=tmp_path / "worker",
+                                     stake_wei=ETHER, poll_interval=0.2), account)
+        thread = run_worker(worker)
+        try:
+            wait_for(lambda: all(_verified(worker, i) for i in job_ids), 60,
+                     "every job verified")
+            assert all(submitter.job(i).status == JOB_DONE for i in job_ids)
+        finally:
+            stop_worker(worker, thread)
+            for market in (me, submitter):
+                market.close()
+
+
+def test_a_withdrawal_asked_for_again_after_the_stake_is_withdrawn_leaves_it_closed(
+        node, tmp_path):
+    account, other = dev_account(7), Market(node.url, dev_account(1))
+    worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER,
+                                 poll_interval=0.2), account)
+    thread = run_worker(worker)
+    try:
+        wait_for(lambda: worker.status()["stake_wei"] == ETHER, 30, "the stake")
+        available = worker.request_withdraw()["available_block"]
+        while other.block_number() < available:
+            _one_block(other)
+        assert worker.request_withdraw() == {"withdrawn_wei": ETHER}
+        assert other.stake_of(account.address) == 0
+        with pytest.raises(TxReverted, match="no stake"):
+            worker.request_withdraw()  # POST /admin/withdraw once more
+        assert worker.status()["accepting_jobs"] is False
+    finally:
+        stop_worker(worker, thread)
+        other.close()
+
+
+def _one_block(market: Market) -> None:
+    """One more block: a transfer of 1 wei to itself (the node seals on pending)."""
+    client = market.client
+    raw = client.account.sign_transaction({
+        "to": client.account.address, "value": 1, "gas": 21_000, "chainId": client.chain_id,
+        "nonce": client.w3.eth.get_transaction_count(client.account.address, "pending"),
+        "maxFeePerGas": 10 * client.w3.eth.gas_price, "maxPriorityFeePerGas": 0,
+    }).raw_transaction
+    client.wait_for_receipt(client.w3.eth.send_raw_transaction(raw))
