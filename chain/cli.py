@@ -162,11 +162,12 @@ def verify(
     from eth_utils import ValidationError
 
     from chain.db import DataDirError
+    from chain.precompile import CheckUnavailable
     from chain.replay import verify_data_dir
 
     try:
         head = verify_data_dir(data_dir)
-    except DataDirError as exc:
+    except (DataDirError, CheckUnavailable) as exc:
         _fail(str(exc))
     except ValidationError as exc:
         typer.echo(f"INVALID: {exc}", err=True)

@@ -6,8 +6,10 @@ before any blob is read, so the cost is known in advance and O(rounds * n^2):
 
     gas = PRECOMPILE_BASE_GAS + PRECOMPILE_ELEMENT_GAS * (1 + rounds) * batch * (mk + kn + mn)
 
-Every failure is a verdict, never an exception: a node must not halt because a
-blob is missing or malformed.
+Every failure of the data is a verdict, never an exception: a node must not halt because
+a blob is missing or malformed. A failure of this node (too little memory for the check) is
+no verdict: it raises CheckUnavailable, so that the node's sealer drops the transaction and
+a replay stops, where a FAIL would slash an honest worker on a small node alone.
 """
 from __future__ import annotations
 
@@ -61,6 +63,11 @@ def _operand(store: BlobStore, id_: bytes, shapes: list[tuple], exact: bool) -> 
     return array
 
 
+class CheckUnavailable(Exception):
+    """This node could not run a check (out of memory): not a property of the result, so no
+    verdict. Not a VMError: py-evm does not make it the call's outcome."""
+
+
 def verdict(store: BlobStore, a_id: bytes, b_id: bytes, c_id: bytes, batch: int, m: int, k: int,
             n: int, precision: int, rounds: int, seed: bytes) -> int:
     """PASS if C = A @ B for every product in the batch, by Freivalds with this seed."""
@@ -111,6 +118,9 @@ def make_freivalds_precompile(store: BlobStore) -> Callable[[ComputationAPI], Co
         )
         try:
             result = verdict(store, a_id, b_id, c_id, batch, m, k, n, precision, rounds, seed)
+        except MemoryError as exc:
+            raise CheckUnavailable(f"too little memory for a Freivalds check of batch {batch}, "
+                                   f"{m}x{k} @ {k}x{n}") from exc
         except Exception:
             log.exception("Freivalds check raised; counted as a failed verification")
             result = FAIL

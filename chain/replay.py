@@ -2,7 +2,8 @@
 
 Re-execution re-runs each `finalize`, hence each Freivalds check, against a blob store;
 a block whose recorded verified work does not verify there, or whose seal does not
-commit to it, raises ``ValidationError`` naming the block.
+commit to it, raises ``ValidationError`` naming the block; one whose check this node cannot
+run (out of memory) raises ``CheckUnavailable``.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from eth_utils import ValidationError
 from chain.blobs import BlobStore
 from chain.db import DATABASE_FILE, DataDirError, SqliteDB, unreadable
 from chain.genesis import genesis_params, genesis_state
+from chain.precompile import CheckUnavailable
 from chain.vm import build_chain_class
 
 
@@ -31,6 +33,9 @@ def replay(source: ChainAPI, store: BlobStore, upto: int | None = None) -> int:
             fresh.import_block(block)
         except ValidationError as exc:
             raise ValidationError(f"block #{number} is invalid: {exc}") from exc
+        except CheckUnavailable as exc:  # neither valid nor invalid: this node cannot tell
+            raise CheckUnavailable(f"block #{number} could not be checked here: {exc}") \
+                from exc
     return head
 
 
