@@ -53,14 +53,17 @@ SUBMIT_SENDS = 5  # sends of one submission whose answers are lost, at most
 class RemoteJobError(RuntimeError):
     """A remote matmul that failed; `stage` says where: validate, upload, submit, then the
     stage a job was in when it failed or timed out (submitted, claimed, committed), finalize,
-    fetch, check."""
+    fetch, check. `results` holds, by job id, the verified Cs of the jobs of its batch that
+    finished before it failed: they are paid for, and not lost with the error."""
 
-    def __init__(self, stage: str, message: str, job_id: int | None = None) -> None:
+    def __init__(self, stage: str, message: str, job_id: int | None = None,
+                 results: dict[int, np.ndarray] | None = None) -> None:
         where = f"job {job_id}, " if job_id is not None else ""
         super().__init__(f"[{where}stage {stage}] {message}")
         self.stage = stage
         self.job_id = job_id
         self.message = message
+        self.results = results or {}
 
 
 def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int, int, int, int]:
@@ -70,7 +73,7 @@ def validate_operands(a: np.ndarray, b: np.ndarray, max_bytes: int) -> tuple[int
                          f"{type(b).__name__}")
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: A is {a.dtype}, B is {b.dtype}")
-    if a.dtype != np.float32 and a.dtype.type not in EXACT_DTYPES:
+    if a.dtype != np.float32 and not any(a.dtype == t for t in EXACT_DTYPES):  # longlong too
         raise ValueError(f"unsupported dtype {a.dtype}: use float32 for float jobs, or int8, "
                          "int16, int32 or int64 for exact jobs")
     if a.ndim not in (2, 3) or b.ndim not in (2, a.ndim):
@@ -136,8 +139,10 @@ def _checked_fee(fee_wei, timeout: float, timeout_blocks: int) -> int:
     if not isinstance(fee_wei, numbers.Integral) or isinstance(fee_wei, bool) or fee_wei < 0:
         raise ValueError(f"fee_wei must be a whole number of wei, 0 or more (10**15 wei is "
                          f"0.001 ETH), got {fee_wei!r}")
-    if not timeout > 0:  # NaN too
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or \
+            not timeout > 0:  # NaN too
+        raise ValueError(f"timeout must be a positive number of seconds (inf waits for good), "
+                         f"got {timeout!r}")
     if not isinstance(timeout_blocks, numbers.Integral) or \
             not 1 <= timeout_blocks <= MAX_TIMEOUT_BLOCKS:
         raise ValueError(f"timeout_blocks (the blocks a worker has to deliver after claiming) "
@@ -405,8 +410,16 @@ class JobClient:
                         stuck.stage, f"timed out after {self.timeout:.0f}s (no worker moved "
                         f"the job on{_overflow_hint(stuck)}): {self.abandon(pending)}",
                         stuck.job_id)
+        except RemoteJobError as err:  # the jobs done before it are paid for: not dropped
+            finished = _finished(pending)
+            if not finished:
+                raise
+            raise RemoteJobError(err.stage, f"{err.message}; {_finished_note(finished)} (the "
+                                 "error's `results` holds them)", err.job_id, finished) from err
         except KeyboardInterrupt:
-            raise KeyboardInterrupt(f"interrupted: {self.abandon(pending)}") from None
+            finished = _finished(pending)
+            done = f"; {_finished_note(finished)}" if finished else ""
+            raise KeyboardInterrupt(f"interrupted: {self.abandon(pending)}{done}") from None
         finally:
             if display:
                 display.close()
@@ -538,6 +551,18 @@ class JobClient:
             raise RemoteJobError("check", "the result failed the client's own Freivalds check",
                                  p.job_id)
         return np.array(c, dtype=np.int64 if exact else np.float32)
+
+
+def _finished(pending: list[_Pending]) -> dict[int, np.ndarray]:
+    """The results of the jobs that finished, by job id."""
+    return {p.job_id: p.result for p in pending if p.result is not None}
+
+
+def _finished_note(results: dict[int, np.ndarray]) -> str:
+    """The jobs of a batch that finished before its wait ended in an error: paid for, their
+    results are still to be had."""
+    return "; ".join(f"job {job_id} finished, verified and paid for: `needle-net fetch "
+                     f"{job_id} -o C.npy` gets its result" for job_id in results)
 
 
 def _overflow_hint(p: _Pending) -> str:
