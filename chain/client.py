@@ -24,6 +24,7 @@ from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCErro
 from chain.blobhttp import BlobClient
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES, decode_array, parse_id
 from chain.keepalive import Connections
+from chain.params import MAX_LOG_BLOCKS
 from chain.timeline import mark
 
 FEE_REFRESH_S = 2.0
@@ -175,12 +176,19 @@ class ChainClient:
 
     def raw_logs(self, first: int, last: int) -> list[dict]:
         """eth_getLogs of the market over blocks `first`..`last`, as JSON (decoders take
-        it as it is: web3's formatting of every field is not needed)."""
-        answer = self.w3.provider.make_request("eth_getLogs", [{
-            "address": self.market.address, "fromBlock": hex(first), "toBlock": hex(last)}])
-        if "error" in answer:
-            raise ValueError(f"eth_getLogs failed: {answer['error']}")
-        return answer["result"]
+        it as it is: web3's formatting of every field is not needed), asked for in spans of
+        MAX_LOG_BLOCKS: the node refuses (-32005) a query over more, and a worker starting
+        on a longer chain, or a client waiting on jobs submitted that many blocks before,
+        failed every poll."""
+        logs: list[dict] = []
+        for start in range(first, last + 1, MAX_LOG_BLOCKS):
+            answer = self.w3.provider.make_request("eth_getLogs", [{
+                "address": self.market.address, "fromBlock": hex(start),
+                "toBlock": hex(min(last, start + MAX_LOG_BLOCKS - 1))}])
+            if "error" in answer:
+                raise ValueError(f"eth_getLogs failed: {answer['error']}")
+            logs += answer["result"]
+        return logs
 
     def request(self, method: str, params: list):
         """One JSON-RPC request straight through the provider: its result; Web3RPCError with

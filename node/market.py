@@ -326,14 +326,8 @@ class Market:
         return ids
 
     def logs(self, from_block: int, to_block: int) -> list:
-        """Every market event in [from_block, to_block], decoded, in chain order, asked for
-        in spans the node answers (as `claimed_by`): one query over the whole range was
-        refused (-32005) once it passed MAX_LOG_BLOCKS blocks, and a worker starting on such
-        a chain (or restarted after as many blocks) failed every poll, for good."""
-        raw: list = []
-        for start in range(from_block, to_block + 1, MAX_LOG_BLOCKS):
-            raw += self.client.raw_logs(start, min(to_block, start + MAX_LOG_BLOCKS - 1))
-        return self._decoded(raw)
+        """Every market event in [from_block, to_block], decoded, in chain order."""
+        return self._decoded(self.client.raw_logs(from_block, to_block))
 
     def _decoded(self, logs: list) -> list:
         return [e for e in map(self.events.decode, logs) if e is not None]
