@@ -511,7 +511,9 @@ class Worker:
         """Refuse at start what registering would fail on later: a stake below the market's
         minimum, or a balance short of the stake still to deposit plus its gas."""
         min_stake = self.chain.min_stake()
-        staked = self.chain.stake_of(self.address)
+        staked, withdraw_block, _ = self.chain.worker_info(self.address)
+        if withdraw_block:  # nothing to deposit: the stake stays as it is (_ensure_registered)
+            return
         if max(staked, self.config.stake_wei) < min_stake:
             raise WorkerStartError(f"a stake of {_eth(self.config.stake_wei)} is below the "
                                    f"market's minimum stake of {_eth(min_stake)}")
@@ -526,8 +528,11 @@ class Worker:
                 f"staking needs {_eth(deposit)} plus up to {_eth(gas)} of gas")
 
     def _ensure_registered(self) -> None:
+        """Top the stake up to the configured one, unless a withdrawal is pending: registering
+        cancels it, so a worker restarted after a slash took jobs again, its owner's
+        withdrawal undone, where one whose stake was whole stayed closed."""
         stake, withdraw_block, _ = self.chain.worker_info(self.address)
-        if stake < self.config.stake_wei:  # registering cancels a pending withdrawal
+        if stake < self.config.stake_wei and not withdraw_block:
             self.chain.send("register", value=self.config.stake_wei - stake)
             stake, withdraw_block, _ = self.chain.worker_info(self.address)
             log.info("registered %s with stake %d wei", self.address, stake)

@@ -155,3 +155,24 @@ def _one_block(market: Market) -> None:
         "maxFeePerGas": 10 * client.w3.eth.gas_price, "maxPriorityFeePerGas": 0,
     }).raw_transaction
     client.wait_for_receipt(client.w3.eth.send_raw_transaction(raw))
+
+
+def test_a_restart_below_the_configured_stake_keeps_a_pending_withdrawal(node, tmp_path):
+    """Registering cancels a pending withdrawal. A worker restarted with its stake below the
+    configured one (cut by a slash, or configured higher) topped it up, so its owner's
+    withdrawal was undone and it took jobs again; with the stake whole it stayed closed."""
+    account = dev_account(9)
+    chain = Market(node.url, account)
+    chain.send("register", value=ETHER)
+    chain.send("requestWithdraw")
+    stake, withdraw_block, _ = chain.worker_info(account.address)
+    config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=2 * ETHER)
+    worker = Worker(config, account)
+    thread = run_worker(worker)
+    try:
+        wait_for(lambda: worker.status()["stake_wei"] > 0, 30, "the worker never started")
+        assert chain.worker_info(account.address)[:2] == (stake, withdraw_block)
+        assert worker.status()["accepting_jobs"] is False
+    finally:
+        stop_worker(worker, thread)
+        chain.close()
