@@ -26,6 +26,7 @@ from chain.cli import exit_on_signal
 from node import keys
 
 if TYPE_CHECKING:
+    from chain.client import ChainClient
     from node.market import Job, Market
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
@@ -412,7 +413,9 @@ def cancel(
     keystore: Keystore = None,
     password_file: PasswordFile = None,
 ) -> None:
-    """Cancel a job you submitted that no worker has taken yet; its fee is refunded.
+    """Cancel a job you submitted that no worker has taken; its fee is refunded.
+
+    A job whose worker missed its deadline is reopened first.
 
     Example: [bold]needle-net cancel 12 --keystore me.json[/bold]
     """
@@ -424,9 +427,11 @@ def cancel(
         if job.submitter != market.address:
             _fail(f"job {job_id} was submitted by {job.submitter}, not by {market.address}: "
                   "only its submitter can cancel it")
+        if _expired(job, market.block_number()):
+            job = _reopen(market, job)
         if job.status != JOB_OPEN:
-            hint = (f"; it reopens for cancelling if its worker misses block {job.deadline}"
-                    if job.status == JOB_CLAIMED else "")
+            hint = (f"; run this again after block {job.deadline} if its worker has not "
+                    "delivered by then" if job.status == JOB_CLAIMED else "")
             _fail(f"job {job_id} is {STATUS_NAMES[job.status]}: only an open job can be "
                   f"cancelled{hint}")
         market.send("cancel", job_id)
@@ -443,11 +448,13 @@ def fetch(
     force: Force = False,
     rpc_url: RpcUrl = DEFAULT_RPC,
 ) -> None:
-    """Write the result of a done job, e.g. one whose `submit` timed out after a worker
-    took it (the blob store checks C against the id the chain verified).
+    """Write the verified result of a done job to OUTPUT.
+
+    E.g. a job whose `submit` timed out after a worker took it (C checked against its id).
 
     Example: [bold]needle-net fetch 12 -o c.npy[/bold]
     """
+    from chain.blobhttp import BlobError
     from chain.devnet import dev_account
     from node.market import JOB_DONE, STATUS_NAMES, Market
 
@@ -458,12 +465,37 @@ def fetch(
         if job.status != JOB_DONE:
             _fail(f"job {job_id} is {STATUS_NAMES[job.status]}: only a done job has a "
                   "verified result")
-        c = market.get_array(job.c_id)
+        try:
+            c = market.get_array(job.c_id)
+        except BlobError as err:  # not stored (any more), or bytes that do not match the id
+            _fail(f"job {job_id} is done, but the node's blob store did not give its result: "
+                  f"{err.args[0] if err.args else err}")  # a KeyError's str() adds quotes
     finally:
         market.close()
     _save(output, c)
     console.print(f"wrote {output} {c.shape} {c.dtype}: job {job_id}'s result, verified on "
                   "chain")
+
+
+def _expired(job: Job, head: int) -> bool:
+    """Whether the contract lets anyone reopen `job`: a claim past its deadline, or a commit
+    nobody finalised within the blockhash window. Nobody else does so once the submitting
+    client is gone (workers do not), so without this its fee stayed in escrow for good."""
+    from node.market import BLOCKHASH_WINDOW, JOB_CLAIMED, JOB_COMMITTED
+
+    return (job.status == JOB_CLAIMED and head > job.deadline) or \
+        (job.status == JOB_COMMITTED and head > job.commit_block + BLOCKHASH_WINDOW)
+
+
+def _reopen(market: Market, job: Job) -> Job:
+    """Reopen an expired job (`reopenExpired`: half of a late worker's stake cut goes to
+    the submitter) and say so; the job as it is now (a worker may have claimed it again)."""
+    receipt = market.send("reopenExpired", job.job_id)
+    slashed = sum(event["slashed"] for event in market.events_in(receipt, "JobFailed"))
+    cut = f"; {_eth(slashed // 2)} ETH of its stake cut comes to you" if slashed else ""
+    console.print(f"reopened job {job.job_id}: its worker {job.worker} did not deliver in "
+                  f"time{cut}")
+    return market.job(job.job_id)
 
 
 def _existing_job(market: Market, job_id: int) -> Job:
@@ -582,10 +614,12 @@ def send(
     to = _address(to)
     value = _wei(amount, "amount")
     account = _account(keystore, password_file)
-    if not yes and not typer.confirm(f"send {_eth(value)} ETH from {account.address} to {to}?"):
-        _fail("cancelled")
     client = ChainClient(rpc_url, account.key)
     try:
+        _require_account(client, to)
+        if not yes and not typer.confirm(
+                f"send {_eth(value)} ETH from {account.address} to {to}?"):
+            _fail("cancelled")
         tx = {"to": to, "value": value, "gas": TRANSFER_GAS, "chainId": client.chain_id,
               "nonce": client.w3.eth.get_transaction_count(account.address, "pending"),
               "maxFeePerGas": client.w3.eth.gas_price * 2, "maxPriorityFeePerGas": 0}
@@ -597,10 +631,22 @@ def send(
 
             _fail(f"transfer refused: {node_refusal(err).removeprefix('the chain node refused: ')}")
         receipt = client.wait_for_receipt(tx_hash)
+        if receipt["status"] != 1:
+            _fail(f"the transfer failed in block {receipt['blockNumber']} (tx "
+                  f"{tx_hash.to_0x_hex()}): nothing was sent; its gas was spent")
     finally:
         client.close()
     console.print(f"sent {_eth(value)} ETH to {to} in block {receipt['blockNumber']} "
                   f"(tx {tx_hash.to_0x_hex()})")
+
+
+def _require_account(client: ChainClient, to: str) -> None:
+    """Refuse a recipient that holds code: a transfer's 21,000 gas runs none of it, so the
+    transfer reverts, spending its gas (before, `send` said "sent" all the same)."""
+    if client.w3.eth.get_code(to):
+        market = " (the market: `needle-net stake` deposits a stake)" \
+            if to == client.market.address else ""
+        _fail(f"{to} is a contract{market}, not an account: a plain transfer to it fails")
 
 
 @app.command()
@@ -661,8 +707,7 @@ def demo(
     workers: Annotated[int, typer.Option(help="Worker processes to start.", min=1)] = 2,
     data_dir: Annotated[Path | None, typer.Option(help="Default: a temporary directory.")] = None,
 ) -> None:
-    """Start a devnet, submit a demo job and a short training run with offloaded matmuls,
-    and print what each party saw and earned.
+    """Run a devnet, a verified job and training with offloaded matmuls; show who earned what.
 
     Example: [bold]needle-net demo --workers 2[/bold]
     """

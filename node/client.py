@@ -453,7 +453,8 @@ class JobClient:
         refused = f" ({p.nudge_refused})" if p.nudge_refused else ""
         return (f"job {p.job_id} was taken by a worker and cannot be cancelled now{refused}: "
                 f"`needle-net fetch {p.job_id} -o C.npy` gets its result once it is done, "
-                f"`needle-net cancel {p.job_id}` refunds it if it is reopened")
+                f"`needle-net cancel {p.job_id}` refunds it if its worker misses its "
+                f"deadline{f' (block {p.deadline})' if p.deadline else ''}")
 
     def _apply(self, p: _Pending, event) -> None:
         name, args = event["event"], event["args"]

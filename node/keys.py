@@ -27,12 +27,17 @@ class KeystoreError(Exception):
 
 
 def read_password(password_file: Path | None = None) -> str:
-    """The keystore password: from `password_file` if given, else `$NEEDLE_NET_PASSWORD`."""
+    """The keystore password: from `password_file` if given, else `$NEEDLE_NET_PASSWORD`.
+    The file is read as UTF-8 whatever the locale, so one password file opens the same
+    keystore on every machine."""
     if password_file is not None:
         try:
-            return Path(password_file).read_text().rstrip("\r\n")
+            return Path(password_file).read_text(encoding="utf-8").rstrip("\r\n")
         except OSError as err:
             raise KeystoreError(f"cannot read password file {password_file}: {err}") from err
+        except UnicodeDecodeError as err:
+            raise KeystoreError(f"password file {password_file} is not UTF-8 text ({err.reason} "
+                                f"at byte {err.start}): save the password as UTF-8") from err
     password = os.environ.get(PASSWORD_ENV)
     if password is None:
         raise KeystoreError(f"no keystore password: pass --password-file or set ${PASSWORD_ENV}")
