@@ -8,7 +8,6 @@ start), is funded from the dev faucet account, and stakes on start. Used by
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -160,7 +159,6 @@ class Devnet:
         """Start worker `index` (a new one by default); reuses its keystore if it exists."""
         index = len(self.workers) if index is None else index
         data_dir = self.worker_dir(index)
-        self._require_state_of_this_chain(data_dir / "worker-state.json")
         account = self.worker_account(index)
         self._fund(account.address)
         api_port = free_port()
@@ -179,22 +177,6 @@ class Devnet:
                        ["stake_wei"] > 0 and _listens(process.pid, api_port), START_TIMEOUT,
                        f"worker {index}", process, self.log(f"worker{index}.log"))
         return worker
-
-    def _require_state_of_this_chain(self, state: Path) -> None:
-        """DevnetError if a worker's saved place lies beyond this chain's head, which a
-        chain node never takes back: the state was kept on another chain (the devnet's
-        chain dir was removed), and the worker would wait for that chain's height before
-        taking any job (every job timed out) and resume jobs that do not exist here."""
-        try:
-            resumes_at = int(json.loads(state.read_text())["next_block"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return  # none yet; a damaged one the worker reports itself
-        head = Web3(Web3.HTTPProvider(self.rpc_url)).eth.block_number
-        if resumes_at > head + 1:
-            raise DevnetError(f"{state} is a worker's state from another chain: it resumes at "
-                              f"block {resumes_at}, and this chain's head is block {head} (was "
-                              f"{self.data_dir / 'chain'} removed?); remove {self.data_dir} to "
-                              "start afresh, or pick another data dir")
 
     def _fund(self, address: str) -> None:
         """Top the address up to WORKER_FUNDING_WEI from the faucet dev account."""

@@ -218,6 +218,7 @@ class Worker:
         reopened job may appear twice), the open jobs seen but not taken). A job that
         finished just before a crash may be both in the journal and still in flight in the
         state file: the journal's record counts."""
+        self._set_aside_state_of_another_chain()
         finished: dict[tuple[int, float], JobRecord] = {}  # a later line replaces an earlier
         lines = self._journal_path.read_text().splitlines() \
             if self._journal_path.exists() else []
@@ -230,24 +231,50 @@ class Worker:
             finished[record.job_id, record.started] = record
         if len(finished) < len(lines):  # rewritten without it: the next line starts afresh
             self._write(self._journal_path, "".join(_line(r) for r in finished.values()))
-        next_block, in_flight, waiting = self._saved_state()
+        next_block, in_flight, waiting, self._block_one = self._saved_state()
         others = [r for r in in_flight if (r.job_id, r.started) not in finished]
         # a state file written before the journal existed lists finished jobs too
         self._unjournaled = [r for r in others if r.stage in FINISHED]
         jobs = sorted([*finished.values(), *others], key=lambda r: r.started)
         return next_block, jobs, waiting
 
-    def _saved_state(self) -> tuple[int, list[JobRecord], list[int]]:
-        """(next block to scan, the jobs in flight, the open jobs waiting) from the state
-        file. One that cannot be read (cut short, emptied by a power cut, edited) is a
-        WorkerStartError that names it and the way out: a bare JSON error (or a TypeError's
-        traceback) said neither, while a claim the worker held ran towards its deadline."""
+    def _set_aside_state_of_another_chain(self) -> None:
+        """A data dir kept while its chain was replaced (the chain's volume or directory
+        removed, a devnet reset): its state resumes beyond the head, or names another block
+        1. The state and the journal are moved aside and the worker starts as on a fresh
+        data dir; before, it took no job until the new chain reached the old one's height."""
         if not self._state_path.exists():
-            return 0, [], []
+            return
+        next_block, _, _, block_one = self._saved_state()
+        head = self.chain.block_number()
+        here = self._block_one_hash(head)
+        if next_block <= head + 1 and block_one in (None, here):
+            return
+        suffix = f".other-chain-{time.strftime('%Y%m%d-%H%M%S')}"
+        for path in (self._state_path, self._journal_path):
+            if path.exists():
+                path.rename(path.with_name(path.name + suffix))
+        log.warning("%s was kept on another chain (it resumes at block %d; this chain's head "
+                    "is %d, its block 1 %s): moved aside (%s), starting afresh",
+                    self._state_path, next_block, head, here, suffix)
+
+    def _block_one_hash(self, head: int) -> str | None:
+        """The hash of block 1, which tells chains apart (each block's mix_hash is drawn at
+        random); None before there is one."""
+        return self.chain.w3.eth.get_block(1)["hash"].hex() if head >= 1 else None
+
+    def _saved_state(self) -> tuple[int, list[JobRecord], list[int], str | None]:
+        """(next block to scan, the jobs in flight, the open jobs waiting, the chain's mark)
+        from the state file. One that cannot be read (cut short, emptied by a power cut,
+        edited) is a WorkerStartError that names it and the way out: a bare JSON error (or a
+        TypeError's traceback) said neither, while a claim the worker held ran towards its
+        deadline."""
+        if not self._state_path.exists():
+            return 0, [], [], None
         try:
             saved = json.loads(self._state_path.read_text())
             return (int(saved["next_block"]), [JobRecord(**j) for j in saved["jobs"]],
-                    [int(j) for j in saved.get("waiting", [])])
+                    [int(j) for j in saved.get("waiting", [])], saved.get("block_one"))
         except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise WorkerStartError(
                 f"the worker state file {self._state_path} cannot be read "
@@ -266,7 +293,7 @@ class Worker:
                 self._unjournaled = []
             data = {"next_block": self._next_block,
                     "jobs": [vars(j) for j in self.jobs if j.stage not in FINISHED],
-                    "waiting": list(self._candidates)}
+                    "waiting": list(self._candidates), "block_one": self._block_one}
             self._saved_block = self._next_block
             self._write(self._state_path, json.dumps(data, separators=(",", ":")))
 
@@ -628,6 +655,8 @@ class Worker:
             if self._next_block != self._saved_block:
                 self._save_state()
             try:
+                if self._block_one is None:
+                    self._block_one = self._block_one_hash(self._head)
                 self._stake_wei = self.chain.stake_of(self.address)
                 self._balance_wei = self.chain.balance_of(self.address)
                 self.metrics.stake.set(self._stake_wei)

@@ -18,7 +18,7 @@ from chain.devnet import dev_account
 from node import keys
 from node.cli import app
 from node.client import JobClient
-from node.devnet import Devnet, DevnetError
+from node.devnet import Devnet
 from node.market import JOB_CANCELLED, JOB_CLAIMED, JOB_DONE, Market
 
 pytestmark = pytest.mark.timeout(300)
@@ -165,24 +165,31 @@ def test_a_password_file_that_is_not_utf8_is_one_error_line(tmp_path, command):
     assert not (tmp_path / "new.json").exists()
 
 
-def test_a_devnet_refuses_worker_state_kept_on_another_chain(tmp_path):
+def test_a_devnet_whose_chain_was_removed_has_its_workers_start_afresh(tmp_path):
     """The devnet's chain dir was removed and its workers' dirs kept: before, the workers
     started, waited for the gone chain's height before taking any job, and every job timed
-    out with "no worker moved the job on"."""
+    out with "no worker moved the job on". The worker now sets aside the state of another
+    chain (it resumes beyond the head, or names another block 1) and takes the job."""
     state = tmp_path / "worker0" / "worker-state.json"
     state.parent.mkdir()
-    state.write_text(json.dumps({"next_block": 500, "jobs": [], "waiting": []}))
-    with Devnet(tmp_path, port=0, block_time=0.2) as net, \
-            pytest.raises(DevnetError, match=r"worker-state\.json is a worker's state from "
-                          r"another chain: it resumes at block 500, and this chain's head is "
-                          r"block \d+ \(was .*chain removed\?\)"):
+    state.write_text(json.dumps({"next_block": 500, "jobs": [], "waiting": [],
+                                 "block_one": "ab" * 32}))
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with Devnet(tmp_path, port=0, block_time=0.2) as net:
         net.start(1)
-    assert not (tmp_path / "worker0" / "key.json").exists()  # refused before the worker ran
+        client = JobClient(net.rpc_url, dev_account(0), fee_wei=10**15, timeout=60)
+        try:
+            np.testing.assert_allclose(client.matmul(a, a.T), a @ a.T, rtol=1e-6)
+        finally:
+            client.close()
+    [aside] = state.parent.glob("worker-state.json.other-chain-*")
+    assert json.loads(aside.read_text())["next_block"] == 500
+    assert json.loads(state.read_text())["next_block"] > 0
 
 
 def test_a_devnet_restarted_on_its_own_chain_keeps_its_workers(tmp_path):
-    """The check above must not refuse the usual restart, whose workers saved their place
-    on the chain that is still there."""
+    """The check above must not set aside the state of the usual restart, whose workers
+    saved their place on the chain that is still there."""
     state = tmp_path / "worker0" / "worker-state.json"
     with Devnet(tmp_path, port=0, block_time=0.2) as net:
         net.start(1)
