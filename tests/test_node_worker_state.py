@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict
 
 import pytest
+from web3 import Web3
 
 from chain.devnet import dev_accounts
 from node.worker import JobRecord, Worker, WorkerConfig
@@ -65,10 +66,11 @@ def test_old_state_files_and_a_cut_journal_line_are_read(node, tmp_path):
     jobs = records(5)
     for record in jobs[:3]:
         record.stage = "verified"
+    resume_at = Web3(Web3.HTTPProvider(node.url)).eth.block_number  # a place on this chain
     (tmp_path / "worker-state.json").write_text(json.dumps(
-        {"next_block": 7, "jobs": [asdict(r) for r in jobs]}))
+        {"next_block": resume_at, "jobs": [asdict(r) for r in jobs]}))
     worker = worker_on(node, tmp_path)
-    assert worker._next_block == 7 and [asdict(r) for r in worker.jobs] == \
+    assert worker._next_block == resume_at and [asdict(r) for r in worker.jobs] == \
         [asdict(r) for r in jobs]
     worker._save_state()
     assert journal(tmp_path) == [asdict(r) for r in jobs[:3]]
