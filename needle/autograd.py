@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from .backend_ndarray import NDArray
-from .backend_ndarray.ndarray import BackendDevice
+from .backend_ndarray.ndarray import BackendDevice, _check_dtype
 
 LAZY_MODE = False
 """When True, values are computed only when asked for (realize_cached_data)."""
@@ -173,8 +173,7 @@ class Tensor(Value):
         if isinstance(array, Value):
             array = array.realize_cached_data()
         if isinstance(array, NDArray):
-            if dtype not in (None, "float32"):
-                raise TypeError(f"needle tensors hold float32 only, got dtype {dtype!r}")
+            _check_dtype(dtype)  # np.float32 too, as for a numpy array
             data = array if device is None else array.to(device)
         else:
             data = NDArray(np.asarray(array), device=device, dtype=dtype or "float32")
@@ -204,6 +203,15 @@ class Tensor(Value):
 
     def numpy(self) -> np.ndarray:
         return self.realize_cached_data().numpy()
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """np.asarray(t): a copy of the values (without this numpy read t as a sequence and
+        made an object array of 0-d Tensors; a lazy tensor's sequence never ended)."""
+        return self.realize_cached_data().__array__(dtype, copy)
+
+    def __float__(self) -> float:
+        """float(loss) of a one-element tensor (numpy also takes 0-d tensors in a list so)."""
+        return float(self.numpy().item())
 
     @property
     def shape(self) -> tuple[int, ...]:

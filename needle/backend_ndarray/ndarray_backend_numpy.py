@@ -148,7 +148,8 @@ def matmul(a: Array, b: Array, out: Array, m: int, n: int, p: int) -> None:
             f"matmul: buffers of {a.array.size}, {b.array.size}, {out.array.size} elements "
             f"do not fit m={m}, n={n}, p={p}"
         )
-    np.matmul(a.array.reshape(m, n), b.array.reshape(n, p), out=out.array.reshape(m, p))
+    with np.errstate(all="ignore"):  # inf and NaN as IEEE gives them, as in C++
+        np.matmul(a.array.reshape(m, n), b.array.reshape(n, p), out=out.array.reshape(m, p))
 
 
 def _groups(a: Array, out: Array, reduce_size: int) -> np.ndarray:

@@ -23,6 +23,9 @@ class Linear(TensorOp):
     """
 
     def compute(self, x: NDArray, w: NDArray, b: NDArray | None = None) -> NDArray:
+        if x.ndim != 2 or w.ndim != 2:  # a batched matmul runs, but backward assumes matrices
+            raise ValueError(f"linear needs x (batch, in) and w (in, out), got {x.shape} "
+                             f"and {w.shape}; flatten the leading axes of x first")
         out = _MATMUL.compute(x, w)
         return out if b is None else out + b.broadcast_to(out.shape)
 
