@@ -49,10 +49,12 @@ def launch_command(nprocs: int, script: str, args: list[str]) -> list[str]:
 SINGLETON_PREFIXES = ("PMIX_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix",
                       "OMPI_APP_CTX_", "ORTE_SCHIZO_")
 
-# Every rank runs on this host, so MPICH's transports need only the loopback interface; left to
-# themselves, UCX and libfabric's TCP providers listen on every interface, where any machine on
-# the network could connect to the unauthenticated endpoints that carry the gradients
-LOOPBACK_ONLY = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
+# Every rank runs on this host, so MPICH's transports need only the loopback interface, and
+# Open MPI's only shared memory; left to themselves, UCX, libfabric's TCP providers and Open
+# MPI's TCP transport listen on every interface (Open MPI's even when told to use lo), where any
+# machine on the network could connect to the unauthenticated endpoints that carry the gradients
+LOOPBACK_ONLY = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo",
+                 "OMPI_MCA_btl": "self,vader"}
 
 
 def launch_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
