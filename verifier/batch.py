@@ -122,6 +122,34 @@ def _elements(xp, A, B, C, batch):
         yield index, A[index], B[index], C[index]
 
 
+def _rows_of_one_product(xp, A, B, C, batch):
+    """(A, B, C) of a host batch whose B is the same matrix for every element, as the 2-D
+    product of all the elements' rows (views, never copies): the same B, vectors and
+    per-row bounds, with B read once rather than once per element. None where B varies
+    along the batch, or the rows of A or C are not evenly spaced in memory."""
+    if xp is not np or not batch or any(d != 1 for d in B.shape[:-2]):
+        return None
+    rows = []
+    for x in (np.broadcast_to(A, (*batch, *A.shape[-2:])), C):
+        view = x.view()
+        try:
+            view.shape = (-1, x.shape[-1])  # refused where merging the axes needs a copy
+        except AttributeError:
+            return None
+        rows.append(view)
+    return rows[0], B.reshape(B.shape[-2:]), rows[1]
+
+
+def _element_row(batch: tuple[int, ...], m: int, index: tuple[int, ...], row: int
+                 ) -> tuple[tuple[int, ...], int]:
+    """(batch index, row) of a wrong row; a row of _rows_of_one_product (index ()) is
+    first split into its element and its row there."""
+    if len(index) == len(batch):
+        return index, row
+    *index, row = (int(i) for i in np.unravel_index(row, (*batch, m)))
+    return tuple(index), row
+
+
 def _where(index: tuple[int, ...], row: int) -> str:
     return f"row {row}" + (f" of batch element {index}" if index else "")
 
@@ -141,7 +169,11 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision,
         _remember_device(xp, A, B, C, precision, rounds, known)
         return known.verify(A, B, C, seed)
     signs = Signs(seed, n, rounds)
-    if batch and A.shape[-2] * k + k * n + C.shape[-2] * n <= SMALL_ELEMENT:
+    small = A.shape[-2] * k + k * n + C.shape[-2] * n <= SMALL_ELEMENT
+    shared = None if small else _rows_of_one_product(xp, A, B, C, batch)
+    if shared is not None:
+        parts = [((), *shared)]
+    elif batch and small:
         parts = [((), xp.broadcast_to(A, (*batch, *A.shape[-2:])),
                   xp.broadcast_to(B, (*batch, *B.shape[-2:])), C)]  # one stacked check
     else:
@@ -155,7 +187,7 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision,
         if excess > worst:
             worst = excess
             if excess > 0:
-                index, row = index + where[:-1], where[-1]
+                index, row = _element_row(batch, A.shape[-2], index + where[:-1], where[-1])
                 reason = f"{_where(index, row)} exceeds its rounding-error bound by {excess:.6g}"
     return _float_result(worst, rounds, reason)
 
@@ -247,13 +279,15 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
     bounds, R = (bound_b, bound_c, bound_a), None
     mismatches, first = 0, None
     m = A.shape[-2]
-    stacked = (xp is np and batch and m * k + k * n + m * n <= SMALL_ELEMENT
-               and exact._float64_digits(bound_a, k))
+    small = m * k + k * n + m * n <= SMALL_ELEMENT
+    stacked = xp is np and batch and small and exact._float64_digits(bound_a, k)
+    shared = None if small else _rows_of_one_product(xp, A, B, C, batch)
     if stacked:
         mismatches, first = _exact_stack(A, B, C, batch, field_vectors(seed, n, rounds),
                                          bound_a, bound_b, bound_c, product_bound)
     # element by element: device arrays, large elements, and A bounds past float64 digits
-    one_by_one = () if stacked else _elements(xp, A, B, C, batch)
+    one_by_one = (() if stacked else [((), *shared)] if shared is not None
+                  else _elements(xp, A, B, C, batch))
     for index, a, b, c in one_by_one:
         if xp is not np and gpu_exact.supported(a, b, c, rounds, bounds):
             plan = gpu_exact.plan_for(a, b, c, rounds, bounds, product_bound)
@@ -270,7 +304,7 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
             wrong, row = exact.check(xp, a, b, c, R, bound_a, bound_b, bound_c,
                                      product_bound)
         if wrong and first is None:
-            first = _where(index, row)
+            first = _where(*_element_row(batch, m, index, row))
         mismatches += wrong
     reason = "ok" if first is None else f"{mismatches} rows differ mod p, first {first}"
     return VerifyResult(mismatches == 0, float(mismatches), rounds, bound, reason)
