@@ -488,13 +488,11 @@ def _expired(job: Job, head: int) -> bool:
 
 
 def _reopen(market: Market, job: Job) -> Job:
-    """Reopen an expired job (`reopenExpired`: half of a late worker's stake cut goes to
-    the submitter) and say so; the job as it is now (a worker may have claimed it again)."""
-    receipt = market.send("reopenExpired", job.job_id)
-    slashed = sum(event["slashed"] for event in market.events_in(receipt, "JobFailed"))
-    cut = f"; {_eth(slashed // 2)} ETH of its stake cut comes to you" if slashed else ""
+    """Reopen an expired job (`reopenExpired`: a late worker's stake cut goes to the reward
+    pool) and say so; the job as it is now (a worker may have claimed it again)."""
+    market.send("reopenExpired", job.job_id)
     console.print(f"reopened job {job.job_id}: its worker {job.worker} did not deliver in "
-                  f"time{cut}")
+                  "time")
     return market.job(job.job_id)
 
 

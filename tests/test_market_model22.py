@@ -239,9 +239,8 @@ class Model:
         else:
             require(job.status == COMMITTED and self.block > job.commit_block + WINDOW)
         self.workers[job.worker].claims -= 1
-        submitter = job.submitter
         self._reopen(job_id)
-        self._pay_slash(slashed, submitter)
+        self._move(MARKET, POOL, slashed)  # a late cut: all to the pool
 
     def cancel(self, sender, value, job_id):
         job = self._job(job_id)

@@ -430,7 +430,7 @@ def _slash(worker: address, bps: uint256) -> uint256:
 
 @internal
 def _paySlash(amount: uint256, submitter: address):
-    """Half of a slash to the submitter, the rest to the reward pool."""
+    """Half of a failed result's slash to the submitter, the rest to the reward pool."""
     self._pay(submitter, amount // 2)
     self._pay(REWARD_POOL, amount - amount // 2)
 
@@ -509,7 +509,9 @@ def reopenExpired(jobId: uint256):
         assert block.number > j.commitBlock + BLOCKHASH_WINDOW, "commit can still be finalized"
     self.workers[j.worker].activeClaims -= 1
     self._reopen(jobId, j)
-    self._paySlash(slashed, j.submitter)
+    # all of a late cut to the pool: a submitter paid half of it gained by every claim that
+    # expired, and could make any expire (a one-block timeout, or blocks sealed on demand)
+    self._pay(REWARD_POOL, slashed)
 
 
 @external
