@@ -516,5 +516,5 @@ def _bytes32(value: str) -> HexBytes:
 
 JOB_FIELDS = (
     "submitter", "worker", "status", "aId", "bId", "cId", "batch", "m", "k", "n",
-    "precision", "fee", "deadline", "commitBlock",
+    "precision", "fee", "deadline", "commitBlock", "timeoutBlocks",
 )

@@ -308,6 +308,9 @@ def worker_up(
     min_fee: Annotated[Decimal, typer.Option(parser=_ether, help="Ignore jobs paying less (ETH).")
                        ] = Decimal("0"),
     max_flops: Annotated[float, typer.Option(help="Largest job accepted (FLOPs).")] = 2 * 4096**3,
+    min_deadline: Annotated[int, typer.Option(
+        help="Claim no job whose deadline is fewer blocks after the claim (missing one cuts "
+             "10 % of the stake).", min=1)] = 5,
     max_in_flight: Annotated[int, typer.Option(help="Jobs processed at once.", min=1)] = 8,
     poll_interval: Annotated[float, typer.Option(
         help="Longest wait for a new block (the node pushes it) before polling anyway, in "
@@ -347,7 +350,8 @@ def worker_up(
         _fail(str(err))
     config = WorkerConfig(
         rpc_url=rpc_url, data_dir=data_dir, stake_wei=stake_wei,
-        min_fee_wei=min_fee_wei, max_flops=int(max_flops), max_in_flight=max_in_flight,
+        min_fee_wei=min_fee_wei, max_flops=int(max_flops), min_deadline_blocks=min_deadline,
+        max_in_flight=max_in_flight,
         poll_interval=poll_interval, api_host=api_host, api_port=api_port, admin_token=token,
         corrupt_results=corrupt_results, stall_after_claim=stall_after_claim,
         wait_for_funds=wait_for_funds,

@@ -92,6 +92,7 @@ class Job:
     fee_wei: int
     deadline: int
     commit_block: int
+    timeout_blocks: int  # a claim's deadline is its block + this
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ class Market:
                 found[args["jobId"]] = Job(
                     args["jobId"], args["submitter"], ZERO_ADDRESS, JOB_OPEN, args["aId"],
                     args["bId"], b"\0" * 32, args["batch"], args["m"], args["k"], args["n"],
-                    args["precision"], args["fee"], 0, 0)
+                    args["precision"], args["fee"], 0, 0, args["timeoutBlocks"])
             elif event["event"] == "JobReopened":
                 found.pop(args["jobId"], None)
                 found[args["jobId"]] = None

@@ -64,6 +64,10 @@ class WorkerConfig:
     stake_wei: int
     min_fee_wei: int = 0
     max_flops: int = 2 * 4096**3
+    # jobs to claim must give at least this many blocks after the claim: anyone can submit a
+    # job of a 1-block deadline that no worker meets, and its claim's expiry cuts 10 % of the
+    # stake (jobs computed before they are committed, in one step, have no deadline to miss)
+    min_deadline_blocks: int = 5
     max_operand_bytes: int = 1 << 30
     max_in_flight: int = 8
     poll_interval: float = 1.0  # longest wait for a new block (a long poll) before polling anyway
@@ -692,8 +696,12 @@ class Worker:
                 batch_gas += gas
                 if len(small) == self.config.max_batch_jobs:
                     break  # one batch per block: the rest stays for other workers and later
-            else:
+            elif job.timeout_blocks >= self.config.min_deadline_blocks:
                 self._claim(job)
+            else:
+                log.info("job %d not claimed: its deadline, %d blocks after a claim, is below "
+                         "--min-deadline %d", job_id, job.timeout_blocks,
+                         self.config.min_deadline_blocks)
         if small:
             self._start_batch(small)
 

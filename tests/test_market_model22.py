@@ -88,7 +88,7 @@ class Job:
         """getJob's answer."""
         return (self.submitter, self.worker, self.status, self.a_id, self.b_id, self.c_id,
                 self.batch, self.m, self.k, self.n, self.precision, self.fee, self.deadline,
-                self.commit_block)
+                self.commit_block, self.timeout)
 
     @property
     def flops(self) -> int:
@@ -274,7 +274,8 @@ class Model:
         job_id = len(self.jobs)
         self.jobs.append(Job(sender, a_id, b_id, batch, m, k, n, precision, timeout, fee))
         self.emit("JobSubmitted", jobId=job_id, submitter=sender, aId=a_id, bId=b_id,
-                  batch=batch, m=m, k=k, n=n, precision=precision, fee=fee)
+                  batch=batch, m=m, k=k, n=n, precision=precision, fee=fee,
+                  timeoutBlocks=timeout)
 
     def _finalizable(self, job: Job) -> bool:
         return job.status == COMMITTED and job.commit_block < self.block <= \

@@ -40,7 +40,7 @@ ABI = compiled_market()["abi"]
 MARKET = Web3().eth.contract(address=to_checksum_address(MARKET_ADDRESS), abi=ABI)
 EVENTS = events_by_topic(ABI)
 JOB_FIELDS = ("submitter", "worker", "status", "aId", "bId", "cId", "batch", "m", "k", "n",
-              "precision", "fee", "deadline", "commitBlock")
+              "precision", "fee", "deadline", "commitBlock", "timeoutBlocks")
 
 # A contract account using the market (a multisig wallet, say): its receive hook writes
 # storage, which send's 2300-gas stipend cannot pay for, as many real wallets' hooks do. Paid

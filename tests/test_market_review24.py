@@ -41,7 +41,8 @@ class EventMirror:
                 "submitter": args["submitter"].lower(), "worker": ZERO_ADDRESS, "status": OPEN,
                 "aId": args["aId"], "bId": args["bId"], "cId": ZERO_ID, "batch": args["batch"],
                 "m": args["m"], "k": args["k"], "n": args["n"], "precision": args["precision"],
-                "fee": args["fee"], "deadline": 0, "commitBlock": 0}
+                "fee": args["fee"], "deadline": 0, "commitBlock": 0,
+                "timeoutBlocks": args["timeoutBlocks"]}
         elif name == "JobClaimed":
             assert job["status"] == OPEN
             job.update(status=CLAIMED, worker=args["worker"].lower(), deadline=args["deadline"])

@@ -25,7 +25,7 @@ import node.market as market_module
 from chain.devnet import dev_account
 from chain.node import Node, NodeConfig
 from chain.rpc import create_app
-from node.market import JOB_CLAIMED, JOB_DONE, Market, TxReverted
+from node.market import JOB_CLAIMED, JOB_DONE, JOB_OPEN, ZERO_ADDRESS, Market, TxReverted
 from node.worker import Worker, WorkerConfig, WorkerStartError
 
 pytestmark = pytest.mark.timeout(120)
@@ -176,3 +176,31 @@ def test_a_restart_below_the_configured_stake_keeps_a_pending_withdrawal(node, t
     finally:
         stop_worker(worker, thread)
         chain.close()
+
+
+def test_a_job_whose_deadline_no_worker_meets_is_not_claimed(node, tmp_path):
+    """Anyone can submit a job whose claim expires a block later (its fee comes back on
+    cancel): the worker claimed it, missed the deadline and lost 10 % of its stake, for the
+    submitter's gas alone. Jobs state their deadline now, and the worker claims none below
+    --min-deadline; a job that gives enough blocks is claimed and paid as ever."""
+    account, submitter = dev_account(10), Market(node.url, dev_account(1))
+    config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER,
+                          direct_commit_flops=0)  # every job claimed, none committed at once
+    worker = Worker(config, account)
+    thread = run_worker(worker)
+    try:
+        a, b = np.ones((8, 5), np.float32), np.ones((5, 3), np.float32)
+        a_id, b_id = submitter.put_array(a), submitter.put_array(b)
+        short = submitter.job_count()
+        submitter.send("submitJob", a_id, b_id, 1, 8, 5, 3, FP32, 1, value=FEE)
+        submitter.send("submitJob", a_id, b_id, 1, 8, 5, 3, FP32, 50, value=FEE)
+        assert submitter.job(short).timeout_blocks == 1
+        wait_for(lambda: submitter.job(short + 1).status == JOB_DONE, 60,
+                 "the job with a 50-block deadline was not done")
+        job = submitter.job(short)
+        assert (job.status, job.worker) == (JOB_OPEN, ZERO_ADDRESS)  # seen, never claimed
+        assert submitter.stake_of(account.address) == ETHER
+        submitter.send("cancel", short)
+    finally:
+        stop_worker(worker, thread)
+        submitter.close()

@@ -99,6 +99,7 @@ event JobSubmitted:
     n: uint64
     precision: uint8
     fee: uint256
+    timeoutBlocks: uint64  # a worker's blocks from its claim: known before it claims
 
 event JobClaimed:
     jobId: indexed(uint256)
@@ -202,12 +203,12 @@ def _storeMeta(jobId: uint256, j: Job):
 @view
 def getJob(jobId: uint256) -> (
     address, address, uint8, bytes32, bytes32, bytes32, uint64, uint64, uint64, uint64,
-    uint8, uint256, uint256, uint256
+    uint8, uint256, uint256, uint256, uint64
 ):
     j: Job = self._load(jobId)
     return (
         j.submitter, j.worker, j.status, j.aId, j.bId, j.cId, j.batch, j.m, j.k, j.n,
-        j.precision, j.fee, j.deadline, j.commitBlock
+        j.precision, j.fee, j.deadline, j.commitBlock, j.timeoutBlocks
     )
 
 
@@ -305,7 +306,7 @@ def _submit(
     self.jobs[jobId].bId = bId
     log JobSubmitted(
         jobId=jobId, submitter=msg.sender, aId=aId, bId=bId, batch=batch, m=m, k=k, n=n,
-        precision=precision, fee=fee
+        precision=precision, fee=fee, timeoutBlocks=timeoutBlocks
     )
     return jobId
 
