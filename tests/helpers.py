@@ -250,3 +250,15 @@ def keystore_options(tmp_path, index: int) -> list[str]:
     if not path.exists():
         keys.save_keystore(dev_account(index), path, "pw", iterations=2048)
     return ["--keystore", str(path), "--password-file", str(password)]
+
+
+def one_block(market) -> None:
+    """One more block, of a node that seals on pending: a node.market.Market's transfer of
+    1 wei to itself."""
+    client = market.client
+    raw = client.account.sign_transaction({
+        "to": client.account.address, "value": 1, "gas": 21_000, "chainId": client.chain_id,
+        "nonce": client.w3.eth.get_transaction_count(client.account.address, "pending"),
+        "maxFeePerGas": 10 * client.w3.eth.gas_price, "maxPriorityFeePerGas": 0,
+    }).raw_transaction
+    client.wait_for_receipt(client.w3.eth.send_raw_transaction(raw))

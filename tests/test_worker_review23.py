@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 from eth_account import Account
-from helpers import run_worker, stop_worker, submit_as_declared, wait_for
+from helpers import one_block, run_worker, stop_worker, submit_as_declared, wait_for
 
 import node.worker as worker_module
 from chain.client import ChainClient
@@ -70,7 +70,7 @@ def test_a_result_ready_after_the_claims_deadline_is_not_committed(node, tmp_pat
         claimed_nonce = worker_market.client.w3.eth.get_transaction_count(account.address)
         deadline = submitter.job(job_id).deadline
         while submitter.block_number() < deadline:  # blocks go by while the worker stalls
-            _empty_block(submitter)
+            one_block(submitter)
         wait_for(lambda: worker.job_list()[0]["stage"] == "expired", 20, "the job expired")
         assert "not committed" in worker.job_list()[0]["detail"]
         assert worker_market.client.w3.eth.get_transaction_count(account.address) == \
@@ -81,12 +81,3 @@ def test_a_result_ready_after_the_claims_deadline_is_not_committed(node, tmp_pat
         stop_worker(worker, thread)
 
 
-def _empty_block(market: Market) -> None:
-    """One block: a transfer of 1 wei to itself (the node seals on pending)."""
-    client = market.client
-    raw = client.account.sign_transaction({
-        "to": client.account.address, "value": 1, "gas": 21_000, "chainId": client.chain_id,
-        "nonce": client.w3.eth.get_transaction_count(client.account.address, "pending"),
-        "maxFeePerGas": 10 * client.w3.eth.gas_price, "maxPriorityFeePerGas": 0,
-    }).raw_transaction
-    client.wait_for_receipt(client.w3.eth.send_raw_transaction(raw))

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 import uvicorn
-from helpers import run_worker, stop_worker, submit_as_declared, wait_for
+from helpers import one_block, run_worker, stop_worker, submit_as_declared, wait_for
 
 import chain.client as chain_client_module
 import chain.rpc as rpc_module
@@ -135,7 +135,7 @@ def test_a_withdrawal_asked_for_again_after_the_stake_is_withdrawn_leaves_it_clo
         wait_for(lambda: worker.status()["stake_wei"] == ETHER, 30, "the stake")
         available = worker.request_withdraw()["available_block"]
         while other.block_number() < available:
-            _one_block(other)
+            one_block(other)
         assert worker.request_withdraw() == {"withdrawn_wei": ETHER}
         assert other.stake_of(account.address) == 0
         with pytest.raises(TxReverted, match="no stake"):
@@ -144,17 +144,6 @@ def test_a_withdrawal_asked_for_again_after_the_stake_is_withdrawn_leaves_it_clo
     finally:
         stop_worker(worker, thread)
         other.close()
-
-
-def _one_block(market: Market) -> None:
-    """One more block: a transfer of 1 wei to itself (the node seals on pending)."""
-    client = market.client
-    raw = client.account.sign_transaction({
-        "to": client.account.address, "value": 1, "gas": 21_000, "chainId": client.chain_id,
-        "nonce": client.w3.eth.get_transaction_count(client.account.address, "pending"),
-        "maxFeePerGas": 10 * client.w3.eth.gas_price, "maxPriorityFeePerGas": 0,
-    }).raw_transaction
-    client.wait_for_receipt(client.w3.eth.send_raw_transaction(raw))
 
 
 def test_a_restart_below_the_configured_stake_keeps_a_pending_withdrawal(node, tmp_path):
