@@ -671,8 +671,12 @@ def stake(
         if value > balance:
             _fail(f"insufficient funds: {market.address} holds {_eth(balance)} ETH, "
                   f"cannot stake {_eth(value)} ETH")
+        withdrawing = market.worker_info(market.address)[1]
         market.send("register", value=value)
-        console.print(f"stake is now {_eth(market.stake_of(market.address))} ETH")
+        # registering cancels a pending withdrawal (the contract's rule): said, not silent
+        cancelled = f" (the withdrawal requested for block {withdrawing} is cancelled)" \
+            if withdrawing else ""
+        console.print(f"stake is now {_eth(market.stake_of(market.address))} ETH{cancelled}")
     finally:
         market.close()
 
@@ -697,11 +701,25 @@ def withdraw(
             block = market.events_in(receipt, "WithdrawRequested")[0]["availableBlock"]
             console.print(f"withdrawal requested; run again from block {block}")
         else:
+            _require_withdrawable(market, withdraw_block)
             receipt = market.send("withdraw")
             amount = market.events_in(receipt, "Withdrawn")[0]["amount"]
             console.print(f"withdrew {_eth(amount)} ETH")
     finally:
         market.close()
+
+
+def _require_withdrawable(market: Market, withdraw_block: int) -> None:
+    """Refuse, before a transaction that would revert, a withdrawal the contract refuses now:
+    its revert reasons ("cooldown not over") named neither the block nor the claims."""
+    head = market.block_number()
+    if head + 1 < withdraw_block:  # a transaction sent now lands in block head + 1 or later
+        _fail(f"the stake can be withdrawn in block {withdraw_block} or later; the chain is at "
+              f"block {head}: run this again then")
+    claims = market.worker_info(market.address)[2]
+    if claims:
+        _fail(f"{claims} job(s) claimed by {market.address} are not finished: the stake can be "
+              "withdrawn once they are finalised or reopened")
 
 
 @app.command()

@@ -201,3 +201,33 @@ def test_a_devnet_restarted_on_its_own_chain_keeps_its_workers(tmp_path):
         net.start(1)
         assert net.workers[0].process.poll() is None
     assert json.loads(state.read_text())["next_block"] >= saved
+
+
+STAKER = 17  # dev account staking and withdrawing through the CLI
+
+
+def test_withdraw_says_when_and_stake_says_it_cancels_the_withdrawal(node, tmp_path):
+    """`withdraw` again before the cooldown sent a transaction that reverted ("withdraw
+    cooldown not over": no block named, gas spent); `stake` during a pending withdrawal
+    cancelled it without a word (registering does so)."""
+    observer, me = Market(node.url, dev_account(BYSTANDER)), dev_account(STAKER).address
+    options = ["--rpc-url", node.url, *keystore_options(tmp_path, STAKER)]
+    assert _cli("stake", "1", *options).exit_code == 0
+    requested = _cli("withdraw", *options)
+    assert requested.exit_code == 0, requested.output
+    _, available, _ = observer.worker_info(me)
+    nonce = observer.w3.eth.get_transaction_count(me)
+    early = _one_error_line(_cli("withdraw", *options))
+    assert early == (f"error: the stake can be withdrawn in block {available} or later; the "
+                     f"chain is at block {observer.block_number()}: run this again then")
+    assert observer.w3.eth.get_transaction_count(me) == nonce  # nothing was sent
+    topped = _cli("stake", "0.5", *options)
+    assert topped.exit_code == 0, topped.output
+    assert f"stake is now 1.5 ETH (the withdrawal requested for block {available} is " \
+           "cancelled)" in " ".join(topped.output.split())
+    assert observer.worker_info(me)[1] == 0
+    assert _cli("withdraw", *options).exit_code == 0  # requested anew
+    _seal_blocks_until(observer, observer.worker_info(me)[1] - 2)
+    done = _cli("withdraw", *options)
+    assert done.exit_code == 0 and "withdrew 1.5 ETH" in done.output, done.output
+    observer.close()
