@@ -9,8 +9,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -249,6 +251,22 @@ void fill(CudaArray& out, float val) {
   CHECK_LAUNCH("fill");
 }
 
+// The data of src, copied first when src is also the buffer about to be written (x[view] = x,
+// or a view of x compacted into x): the kernels' threads would otherwise read elements that
+// others have already overwritten. The same semantics as the cpu and numpy modules.
+struct Source {
+  std::unique_ptr<CudaArray> copy;
+  const float* data;
+};
+
+Source read_before_writing(const CudaArray& src, const CudaArray& dst) {
+  if (src.ptr != dst.ptr) return {nullptr, src.ptr};
+  auto copy = std::make_unique<CudaArray>(static_cast<int64_t>(src.size));
+  CUDA_CHECK(cudaMemcpy(copy->ptr, src.ptr, src.size * sizeof(float), cudaMemcpyDeviceToDevice));
+  const float* data = copy->ptr;
+  return {std::move(copy), data};
+}
+
 void compact(const CudaArray& a, CudaArray& out, const std::vector<int64_t>& shape,
              const std::vector<int64_t>& strides, int64_t offset) {
   View view = make_view(shape, strides, offset, a.size, "compact");
@@ -257,7 +275,8 @@ void compact(const CudaArray& a, CudaArray& out, const std::vector<int64_t>& sha
     view_size_error("compact", static_cast<int64_t>(n), "out has ", static_cast<int64_t>(out.size));
   }
   if (n == 0) return;
-  launch_compact(a.ptr, out.ptr, n, view);
+  const Source src = read_before_writing(a, out);
+  launch_compact(src.data, out.ptr, n, view);
 }
 
 void ewise_setitem(const CudaArray& a, CudaArray& out, const std::vector<int64_t>& shape,
@@ -269,11 +288,12 @@ void ewise_setitem(const CudaArray& a, CudaArray& out, const std::vector<int64_t
                     static_cast<int64_t>(a.size));
   }
   if (n == 0) return;
+  const Source src = read_before_writing(a, out);
   if (fits_32_bits(n)) {
     ewise_setitem_kernel<uint32_t>
-        <<<grid_for(n), kBlockSize>>>(a.ptr, out.ptr, static_cast<uint32_t>(n), view);
+        <<<grid_for(n), kBlockSize>>>(src.data, out.ptr, static_cast<uint32_t>(n), view);
   } else {
-    ewise_setitem_kernel<size_t><<<grid_for(n), kBlockSize>>>(a.ptr, out.ptr, n, view);
+    ewise_setitem_kernel<size_t><<<grid_for(n), kBlockSize>>>(src.data, out.ptr, n, view);
   }
   CHECK_LAUNCH("ewise_setitem");
 }
@@ -554,11 +574,12 @@ __device__ __forceinline__ void cp_async_wait() {
 // ---------------------------------------------------------------------------------------------
 // TF32 tensor-core GEMM (float32 in and out, operands rounded to TF32, float32 accumulation),
 // only on explicit request. On an H100/H200 with a build for sm_90a (CMake's default
-// architectures include 90a) the TMA/wgmma kernel of tf32_hopper.cuh runs, for any shape;
-// elsewhere this portable one (sm_80+). K slices of BK are brought into shared memory by
-// cp.async in a STAGES-deep pipeline (out-of-range elements zero-filled); each warp holds a
-// WM x WN tile of WMMA m16n16k8 accumulators; the block's C tile is staged through shared
-// memory so that the global stores are coalesced and bounds-checked.
+// architectures include 90a) the TMA/wgmma kernel of tf32_hopper.cuh runs, for any shape of
+// more than one row (one row: row_vector_matmul); elsewhere this portable one (sm_80+). K
+// slices of BK are brought into shared memory by cp.async in a STAGES-deep pipeline
+// (out-of-range elements zero-filled); each warp holds a WM x WN tile of WMMA m16n16k8
+// accumulators; the block's C tile is staged through shared memory so that the global stores
+// are coalesced and bounds-checked.
 
 namespace tf32 {
 
@@ -794,11 +815,66 @@ void launch(const float* A, const float* B, float* C, int M, int N, int K) {
 
 }  // namespace tf32
 
+// ---------------------------------------------------------------------------------------------
+// Row vector times matrix, C (1 x N) = A (1 x K) @ B (K x N): every product with M = 1, float32
+// and TF32 alike (NDArray sums over leading axes as ones(1, R) @ x(R, C): a bias gradient over
+// a batch). The tiled GEMMs would run such a product on N / 64 blocks, each element one float32
+// chain of K additions: slow for a long K, and wrong once the sum outgrows 2^24 times its terms
+// (2^25 ones summed to 2^24). Here blocks of 32 columns by a slice of K rows add the products up in
+// double, and a second kernel adds the slices' sums in a fixed order (as reduce_sum, in double).
+
+constexpr int kRowVectorCols = 32, kRowVectorRows = 8;  // a block's columns x interleaved rows
+constexpr int64_t kMaxSlices = 1024, kMinSliceRows = 256;
+
+__global__ void row_vector_slices_kernel(const float* __restrict__ A, const float* __restrict__ B,
+                                         double* __restrict__ sums, int N, int K,
+                                         int slice_rows) {
+  __shared__ double partial[kRowVectorRows][kRowVectorCols];
+  const int col = blockIdx.x * kRowVectorCols + threadIdx.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * slice_rows;
+  const int64_t last = min(first + slice_rows, static_cast<int64_t>(K));
+  double acc = 0.0;
+  if (col < N) {
+    for (int64_t k = first + threadIdx.y; k < last; k += kRowVectorRows) {
+      acc += static_cast<double>(A[k]) * B[k * N + col];
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+    for (int r = 1; r < kRowVectorRows; ++r) acc += partial[r][threadIdx.x];
+    sums[static_cast<int64_t>(blockIdx.y) * N + col] = acc;
+  }
+}
+
+__global__ void add_slices_kernel(const double* __restrict__ sums, float* __restrict__ C, int N,
+                                  int slices) {
+  for (int64_t col = blockIdx.x * blockDim.x + threadIdx.x; col < N;
+       col += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double total = 0.0;
+    for (int s = 0; s < slices; ++s) total += sums[static_cast<int64_t>(s) * N + col];
+    C[col] = static_cast<float>(total);
+  }
+}
+
+void row_vector_matmul(const float* A, const float* B, float* C, int /* M = 1 */, int N, int K) {
+  const int64_t slices = std::min(kMaxSlices, (int64_t{K} + kMinSliceRows - 1) / kMinSliceRows);
+  const int slice_rows = static_cast<int>((K + slices - 1) / slices);
+  CudaArray sums(2 * slices * N);  // doubles; cudaMalloc's alignment suits them
+  double* slice_sums = reinterpret_cast<double*>(sums.ptr);
+  const dim3 grid((N + kRowVectorCols - 1) / kRowVectorCols, static_cast<unsigned>(slices));
+  row_vector_slices_kernel<<<grid, dim3(kRowVectorCols, kRowVectorRows)>>>(A, B, slice_sums, N,
+                                                                           K, slice_rows);
+  CHECK_LAUNCH("matmul (row vector)");
+  add_slices_kernel<<<grid_for(N), kBlockSize>>>(slice_sums, C, N, static_cast<int>(slices));
+  CHECK_LAUNCH("matmul (row vector sums)");
+}
+
 using GemmLauncher = void (*)(const float* A, const float* B, float* C, int M, int N, int K);
 
-// Validates the operands (exact sizes, as in the cpu module) and runs `gemm`; an output that
-// aliases an input is computed into a scratch buffer first, since the kernels read A and B while
-// C is being written.
+// Validates the operands (exact sizes, as in the cpu module) and runs `gemm` (row_vector_matmul
+// for a single row); an output that aliases an input is computed into a scratch buffer first,
+// since the kernels read A and B while C is being written.
 void run_matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t m, int64_t n,
                 int64_t p, GemmLauncher gemm) {
   if (m < 0 || n < 0 || p < 0) {
@@ -826,6 +902,7 @@ void run_matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t 
     return;
   }
   if (m == 0 || p == 0) return;
+  const GemmLauncher launch = m == 1 ? row_vector_matmul : gemm;
   int K = static_cast<int>(n), N = static_cast<int>(p);
   // grid.y holds at most 65535 tiles of 64 rows: taller products run in bands of rows (a
   // multiple of 64, so every band of A and C starts 16-byte aligned).
@@ -833,7 +910,7 @@ void run_matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, int64_t 
   const auto run = [&](float* c) {
     for (int64_t row = 0; row < m; row += kBandRows) {
       const int rows = static_cast<int>(m - row < kBandRows ? m - row : kBandRows);
-      gemm(a.ptr + row * n, b.ptr, c + row * p, rows, N, K);
+      launch(a.ptr + row * n, b.ptr, c + row * p, rows, N, K);
     }
   };
   if (out.ptr == a.ptr || out.ptr == b.ptr) {
