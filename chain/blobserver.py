@@ -35,6 +35,8 @@ from http import HTTPStatus
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
 from chain.blobhttp import (
     ALLOWED,
     DRAIN_LIMIT,
@@ -59,6 +61,11 @@ RECENT_BYTES = 256 << 20  # the latest large uploads kept in their receive buffe
 HEAD_LIMIT = 16 << 10  # request line and headers, at most
 MAX_CONNECTIONS = 256  # one thread each; more are answered 503
 IDLE_TIMEOUT = 120.0  # a connection silent this long (between or inside requests) is closed
+# the node's and the worker's uvicorn servers (`BoundedHttpProtocol`): a request's line and
+# headers, at most, and the seconds they may take from their first byte (or the connection's
+# start); browsers' cookies for localhost, shared by every port there, can fill 16 KiB
+UVICORN_HEAD_LIMIT = 64 << 10
+HEAD_TIMEOUT = 30.0
 
 
 class BadRequest(ValueError):
@@ -379,6 +386,65 @@ def listen(host: str, port: int) -> socket.socket:
     # and create_server's is 0, so uvicorn on this socket (the node's JSON-RPC, a worker's
     # API) sent each reply's body after a delayed ACK: 44 ms per keep-alive request, not 0.2
     return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fileno=sock.detach())
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (`uvicorn.Config(http=BoundedHttpProtocol)`) with each
+    request's line and headers bounded: `UVICORN_HEAD_LIMIT` bytes (then 431), sent within
+    `HEAD_TIMEOUT` s of their first byte or of the connection's start (then closed). uvicorn
+    bounds neither: the parser kept an endless header line in memory (a client grew the node
+    by 225 MB in a second, without end), and a connection that never finished its headers
+    was held for good."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.reading_head, self.head_bytes = True, 0
+        self.head_timer = self.loop.call_later(HEAD_TIMEOUT, self._head_too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        if self.reading_head:
+            self.head_bytes += len(data)
+            if self.head_timer is None:  # the first byte of a keep-alive request
+                self.head_timer = self.loop.call_later(HEAD_TIMEOUT, self._head_too_slow)
+        super().data_received(data)
+        if self.reading_head and self.head_bytes > UVICORN_HEAD_LIMIT \
+                and not self.transport.is_closing():
+            self._refuse_head(431, f"request line and headers over {UVICORN_HEAD_LIMIT} bytes")
+
+    def on_headers_complete(self) -> None:
+        self.reading_head = False
+        self._stop_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.reading_head, self.head_bytes = True, 0  # the next request's, if any
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _stop_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self.head_timer = None
+        if self.reading_head and not self.transport.is_closing():
+            self._refuse_head(408, f"request line and headers not received in "
+                                   f"{HEAD_TIMEOUT:g} s")
+
+    def _refuse_head(self, status: int, message: str) -> None:
+        """Answer `status` with `message` (unless a response on this connection is under way)
+        and close the connection."""
+        if self.cycle is None or self.cycle.response_complete:
+            body = json.dumps({"error": message}).encode()
+            self.transport.write(
+                f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: "
+                f"application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+                .encode() + body)
+        self.transport.close()
 
 
 class BlobServer:

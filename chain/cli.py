@@ -51,7 +51,7 @@ def up(
     import uvicorn
     from eth_utils import to_checksum_address
 
-    from chain.blobserver import BlobServer
+    from chain.blobserver import BlobServer, BoundedHttpProtocol
     from chain.db import DataDirError
     from chain.node import Node, NodeConfig
     from chain.rpc import create_app
@@ -80,7 +80,8 @@ def up(
                f"(recent uploads cached: {blob_cache_mb} MiB)")
     app = create_app(node)
     app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level,
+                                           http=BoundedHttpProtocol))
     node.start()
     blobs.start()
     # uvicorn catches SIGTERM, shuts down, then raises it again for the handler it found:

@@ -27,7 +27,7 @@ from eth_utils import to_checksum_address
 from fastapi import FastAPI, Request
 
 from chain.admission import calldata_floor_gas
-from chain.blobhttp import BlobApp, json_reply
+from chain.blobhttp import BODY_TIMEOUT, CLOSE, BlobApp, BodyWatch, UploadStalled, json_reply
 from chain.blobserver import blob_url
 from chain.compile import compiled_market
 from chain.node import PRIORITY_FEE, Node, TxRejected
@@ -986,8 +986,10 @@ class NodeApp:
     ms against 0.40 for a raw blob HEAD), as much as most requests' own work, and a job
     makes about twenty."""
 
-    def __init__(self, node: Node, rpc: Rpc, fallback: FastAPI) -> None:
+    def __init__(self, node: Node, rpc: Rpc, fallback: FastAPI,
+                 body_timeout: float = BODY_TIMEOUT) -> None:
         self.node, self.rpc, self.fallback = node, rpc, fallback
+        self.body_timeout = body_timeout
         self.blobs = BlobApp(node.blobs)
         self.loop: asyncio.AbstractEventLoop | None = None
         # long polls waiting on the event loop: (ready, future); no thread each, one
@@ -1004,7 +1006,7 @@ class NodeApp:
                 await self.json_rpc(receive, send)
                 return
             if path == "/wait" and method == "GET":
-                await self.wait(scope, send)
+                await self.wait(scope, receive, send)
                 return
             if path == "/wait" and method == "POST":
                 await self.send_and_wait(scope, receive, send)
@@ -1014,19 +1016,29 @@ class NodeApp:
                 return
         await self.fallback(scope, receive, send)
 
-    @staticmethod
-    async def _json_body(receive, send):
+    async def _json_body(self, receive, send):
         """The request's body parsed as JSON; ANSWERED once an error is answered (413 over
-        MAX_RPC_BODY, JSON-RPC's parse error if it is not JSON)."""
+        MAX_RPC_BODY, 408 and the connection closed when no body bytes came for
+        `body_timeout` s, JSON-RPC's parse error if it is not JSON). uvicorn bounds no body
+        in time: a client that stopped mid-body held its connection and the bytes so far (up
+        to 64 MiB) for good."""
         body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if len(body) > MAX_RPC_BODY:
-                await json_reply(send, 413, {"error": f"request body over {MAX_RPC_BODY} bytes"})
-                return ANSWERED
-            if not message.get("more_body"):
-                break
+        watch = BodyWatch(self.body_timeout)
+        try:
+            while True:
+                message = await watch.receive(receive)
+                body += message.get("body", b"")
+                if len(body) > MAX_RPC_BODY:
+                    await json_reply(send, 413, {"error": f"request body over {MAX_RPC_BODY} "
+                                                          "bytes"})
+                    return ANSWERED
+                if not message.get("more_body"):
+                    break
+        except UploadStalled as exc:
+            await json_reply(send, 408, {"error": str(exc)}, headers=CLOSE)
+            return ANSWERED
+        finally:
+            watch.close()
         if json_nesting_exceeds(body):
             await json_reply(send, 200, Rpc._error(None, RpcError(
                 -32600, f"invalid request: JSON nested deeper than {MAX_JSON_DEPTH} levels")))
@@ -1072,9 +1084,9 @@ class NodeApp:
             await json_reply(send, 400, {"error": "the body must be a raw transaction as a JSON "
                                                   f"string (\"0x...\"), not {got}"})
             return
-        await self.wait(scope, send, raw=raw)
+        await self.wait(scope, receive, send, raw=raw)
 
-    async def wait(self, scope, send, raw=None) -> None:
+    async def wait(self, scope, receive, send, raw=None) -> None:
         """Long poll: answers once block `block` is sealed, or once transaction `tx` left the
         mempool (mined or dropped), or after `timeout` seconds (at most 60), with the head
         and the gas price eth_gasPrice would give; with `logs=<address>` also that address's
@@ -1139,19 +1151,24 @@ class NodeApp:
             return answer if sent is None else {**answer, "hash": sent}
 
         ready = left_mempool if tx_hashes else lambda: node.head().block_number >= block
-        if not ready():
-            await self._until(ready, timeout)
+        if not ready() and not await self._until(ready, timeout, receive):
+            return  # the client is gone
         await json_reply(send, 200, mined() if tx_hashes else sealed())
 
-    async def _until(self, ready: Callable[[], bool], timeout: float) -> None:
-        """Wait on the loop until `ready()` holds after a sealed block, or `timeout` s."""
+    async def _until(self, ready: Callable[[], bool], timeout: float, receive) -> bool:
+        """Wait on the loop until `ready()` holds after a sealed block, or `timeout` s; False
+        as soon as the client disconnects (its waiter then leaves at once: before, it stayed
+        to its timeout, and clients that opened and dropped long polls piled them up, each
+        checked at every block)."""
         waiter = (ready, self.loop.create_future())
         self.waiters.append(waiter)
+        gone = asyncio.ensure_future(_disconnect(receive))
         try:
-            await asyncio.wait_for(waiter[1], timeout)
-        except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
-            pass
+            await asyncio.wait((waiter[1], gone), timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            return not gone.done()
         finally:
+            gone.cancel()
             if waiter in self.waiters:
                 self.waiters.remove(waiter)
 
@@ -1173,6 +1190,13 @@ class NodeApp:
             else:
                 waiting.append((ready, future))
         self.waiters = waiting
+
+
+async def _disconnect(receive) -> None:
+    """Returns once the client of a request whose body was read has disconnected (bytes it
+    still sends are dropped)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(node: Node) -> NodeApp:

@@ -26,7 +26,7 @@ import numpy as np
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
-from chain.blobserver import listen
+from chain.blobserver import BoundedHttpProtocol, listen
 from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node import compute
@@ -1143,9 +1143,8 @@ class Worker:
         from node.api import create_app
 
         app = create_app(self, self.config.admin_token)
-        config = uvicorn.Config(
-            app, host=self.config.api_host, port=self.config.api_port, log_level="warning"
-        )
+        config = uvicorn.Config(app, host=self.config.api_host, port=self.config.api_port,
+                                log_level="warning", http=BoundedHttpProtocol)
         self._api_server = uvicorn.Server(config)
         self._api_thread = threading.Thread(target=self._api_server.run, name="api", daemon=True,
                                             kwargs={"sockets": [self._api_socket]})
