@@ -87,3 +87,16 @@ def test_fused_linear_refuses_operands_that_are_not_matrices(device):
         ops_nn.linear(x, w)
     with pytest.raises(ValueError, match=r"x \(batch, in\)"):
         ops_nn.linear(x[0], tensor(np.ones((3, 4, 5)), device))
+
+
+def test_an_array_written_into_a_broadcast_view_is_refused(device):
+    """The positions of a broadcast view share memory: which value landed was the backend's
+    race (the last write on cpu, any on cuda), where numpy refuses (its view is read-only).
+    A scalar lands the same everywhere and is still taken."""
+    a = NDArray(np.zeros((1, 4), np.float32), device=device)
+    view = a.broadcast_to((3, 4))
+    with pytest.raises(ValueError, match="broadcast view"):
+        view[:, :] = NDArray(np.arange(12, dtype=np.float32).reshape(3, 4), device=device)
+    np.testing.assert_array_equal(a.numpy(), np.zeros((1, 4), np.float32))
+    view[:, :] = 5.0
+    np.testing.assert_array_equal(a.numpy(), np.full((1, 4), 5, np.float32))

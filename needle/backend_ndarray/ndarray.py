@@ -569,6 +569,12 @@ class NDArray:
             source = other.broadcast_to(view.shape)
             if view.size == 0:
                 return
+            if any(st == 0 and d > 1 for d, st in zip(view._shape, view._strides, strict=True)):
+                # positions of a broadcast view share memory: which value lands is the
+                # backend's race (last write on cpu, any on cuda); numpy makes them read-only
+                raise ValueError(f"setitem: the target is a broadcast view (shape "
+                                 f"{view.shape}, strides {view._strides}): its elements share "
+                                 "memory; write into the array it was broadcast from")
             source = source._compact_read()
             if source._handle is self._handle:  # e.g. a[::-1] = a: read everything first
                 source = source + 0.0
