@@ -63,6 +63,12 @@ unsigned grid_for(size_t work) {
 // stream, so reuse is ordered after every kernel that used the buffer. On an allocation
 // failure the cache is released and the allocation retried once.
 
+// Raised to Python as a MemoryError (DeviceMemoryError, its subclass), as the cpu and numpy
+// modules raise theirs: a RuntimeError escaped code that catches running out of memory.
+struct DeviceMemoryError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class DevicePool {
  public:
   static size_t rounded(size_t bytes) { return (bytes + 511) / 512 * 512; }
@@ -83,8 +89,10 @@ class DevicePool {
     }
     if (err != cudaSuccess) {
       cudaGetLastError();
-      throw std::runtime_error("cannot allocate " + std::to_string(bytes) +
-                               " bytes on the GPU: " + cudaGetErrorString(err));
+      const std::string message = "cannot allocate " + std::to_string(bytes) +
+                                  " bytes on the GPU: " + cudaGetErrorString(err);
+      if (err == cudaErrorMemoryAllocation) throw DeviceMemoryError(message);
+      throw std::runtime_error(message);
     }
     return static_cast<float*>(ptr);
   }
@@ -969,6 +977,7 @@ PYBIND11_MODULE(ndarray_backend_cuda, m) {
   m.doc() = "needle's CUDA backend: float32 device buffers and the NDArray primitives";
   m.attr("__device_name__") = "cuda";
   m.attr("__tile_size__") = 4;
+  py::register_exception<DeviceMemoryError>(m, "DeviceMemoryError", PyExc_MemoryError);
 
   py::class_<CudaArray>(m, "Array")
       .def(py::init<int64_t>(), py::arg("size"))

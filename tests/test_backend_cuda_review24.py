@@ -140,3 +140,12 @@ def test_one_row_product_special_values_and_aliasing():
     row = to_device(x)
     cuda.matmul(row, to_device(w), row, 1, 4, 4)
     np.testing.assert_array_equal(to_host(row), (x @ w).ravel())
+
+
+@gpu
+def test_running_out_of_gpu_memory_is_a_memory_error():
+    """The cpu and numpy modules raise MemoryError; cuda raised RuntimeError, which code that
+    catches running out of memory (the chain's verdicts, for one) let through."""
+    with pytest.raises(MemoryError, match="cannot allocate .* bytes on the GPU"):
+        cuda.Array(1 << 38)  # 1 TiB: more than any GPU holds, less than the size check
+    to_host(to_device(np.ones(4, np.float32)))  # and the device still works
