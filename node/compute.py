@@ -11,6 +11,7 @@ faster than numpy's integer matmul, bench/exact_matmul.py). A job's operands are
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -49,6 +50,21 @@ def best_device():
         if wanted is None or name == wanted or (wanted == "numpy" and "numpy" in name):
             return device
     return None
+
+
+PROBE_SIZE = 512  # the start-up probe's product: PROBE_SIZE^3, float32
+
+
+def measure_throughput(device) -> float:
+    """FLOP/s of one float32 product of PROBE_SIZE^3 on `device`, timed after a first call
+    (which pays for loading and device set-up): what a worker assumes of its device before
+    it has timed a job of its own. Larger products run faster: an estimate on the safe
+    side."""
+    x = np.ones((PROBE_SIZE, PROBE_SIZE), np.float32)
+    matmul(x, x, device)
+    t0 = time.perf_counter()
+    matmul(x, x, device)
+    return 2 * PROBE_SIZE**3 / max(time.perf_counter() - t0, 1e-9)
 
 
 def device_name(device) -> str:

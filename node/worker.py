@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -116,6 +117,20 @@ REGISTER_GAS_ALLOWANCE = 150_000  # gas budgeted for `register` (measured: 72k)
 BATCH_FINALIZE_GAS = GENESIS_GAS_LIMIT // 2
 HELD_RETRY_MAX_DELAY = 2.0  # longest wait between tries for a job this worker holds
 ADMIN_TOKEN_ENV = "NEEDLE_NET_ADMIN_TOKEN"
+# a large job is claimed only if its deadline gives DEADLINE_MARGIN times the seconds this
+# worker needs after the claim: computing at the slowest throughput it timed lately (the
+# start-up probe before it timed a job), uploading C at the slowest transfer rate it saw
+# lately, and two transactions (measured: 5 ms each on a local node)
+DEADLINE_MARGIN = 2.0
+TRANSACTION_SECONDS = 0.05
+DEFAULT_TRANSFER_BYTES_PER_SECOND = 100e6  # a gigabit link (measured locally: 0.5-3 GB/s)
+DEFAULT_BLOCK_SECONDS = 0.05  # the block interval assumed until one was measured
+PACE_WINDOW_SECONDS = 1.0  # the block interval is averaged over windows at least this long
+RECENT_SECONDS = 600.0  # measurements older than this no longer count
+RECENT_SAMPLES = 64
+# jobs and transfers too small to time a device or a link by (overheads dominate them)
+MIN_SAMPLE_FLOPS = 2 * compute.PROBE_SIZE**3
+MIN_SAMPLE_BYTES = 1 << 20
 
 
 class WorkerStartError(ValueError):
@@ -160,6 +175,66 @@ def rank(job_id: int, worker: str, peers: list[str]) -> int:
     return sum(keccak(key + bytes.fromhex(p[2:])) < mine for p in set(peers) - {worker})
 
 
+def seconds_needed(flops: int, c_bytes: int, flops_per_second: float,
+                   bytes_per_second: float) -> float:
+    """Seconds from a claim to its commit: compute `flops`, upload `c_bytes` of C, and the
+    claim's and the commit's transactions (A and B are fetched before the claim)."""
+    return flops / flops_per_second + c_bytes / bytes_per_second + 2 * TRANSACTION_SECONDS
+
+
+def seconds_given(timeout_blocks: int, block_seconds: float) -> float:
+    """Seconds a deadline of `timeout_blocks` blocks after the claim's block leaves for the
+    commit at `block_seconds` per block: the commit must be sent before the deadline's block
+    is the head (sent later, it lands after the deadline)."""
+    return (timeout_blocks - 1) * block_seconds
+
+
+class RecentLowest:
+    """The lowest value measured in the last RECENT_SECONDS (the slowest throughput, the
+    shortest block interval: the safe side), else `default`. Thread-safe: jobs on the pool
+    add what they time, the job loop reads."""
+
+    def __init__(self, default: float) -> None:
+        self.default = default
+        self._samples: deque[tuple[float, float]] = deque(maxlen=RECENT_SAMPLES)
+        self._lock = threading.Lock()
+
+    def add(self, value: float, now: float) -> None:
+        with self._lock:
+            self._samples.append((now, value))
+
+    def lowest(self, now: float) -> float:
+        with self._lock:
+            recent = [v for t, v in self._samples if now - t <= RECENT_SECONDS]
+        return min(recent, default=self.default)
+
+
+class BlockPace:
+    """The chain's block interval as this worker's clock sees the head move: seconds per
+    block over windows of at least PACE_WINDOW_SECONDS (blocks sealed back to back on demand
+    are averaged over their window, not taken for the chain's pace), the shortest recent."""
+
+    def __init__(self) -> None:
+        self.intervals = RecentLowest(DEFAULT_BLOCK_SECONDS)
+        self._start: tuple[int, float] | None = None  # the window's first head and time
+
+    def observe(self, head: int, now: float) -> None:
+        if self._start is None or head < self._start[0]:
+            self._start = (head, now)
+            return
+        blocks, seconds = head - self._start[0], now - self._start[1]
+        if blocks > 0 and seconds >= PACE_WINDOW_SECONDS:
+            self.intervals.add(seconds / blocks, now)
+            self._start = (head, now)
+
+    def interval(self, now: float) -> float:
+        return self.intervals.lowest(now)
+
+
+def _flops(batch: int, m: int, k: int, n: int) -> int:
+    return 2 * batch * m * k * n
+
+
 def _line(record: JobRecord) -> str:
     """A job record as one line of the journal."""
     return json.dumps(vars(record), separators=(",", ":")) + "\n"
@@ -180,6 +255,10 @@ class Worker:
         self.chain = self._connect()
         self._await_funds()
         self.device = compute.best_device()
+        self._compute_rate = RecentLowest(compute.measure_throughput(self.device))
+        self._transfer_rate = RecentLowest(DEFAULT_TRANSFER_BYTES_PER_SECOND)
+        self._pace = BlockPace()
+        self._passed_over: set[int] = set()  # large jobs too slow for their deadline (logged)
         self._rng = np.random.default_rng()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -632,6 +711,7 @@ class Worker:
         block to scan is saved by `_refresh_account`, off the job's path (a restart rescans
         the blocks since: harmless)."""
         self._head = head
+        self._pace.observe(head, time.monotonic())
         if head >= self._next_block:
             if events is None:
                 events = self.chain.logs(self._next_block, head)
@@ -641,6 +721,7 @@ class Worker:
             for job_id in news.taken:
                 self._candidates.pop(job_id, None)
                 self._seen.pop(job_id, None)
+                self._passed_over.discard(job_id)
             self._watch(news.opened)
             self._next_block = head + 1
         self._take_candidates()
@@ -674,6 +755,7 @@ class Worker:
         small: list[Job] = []
         batch_gas = FINALIZE_JOBS_GAS  # the batch's finalizeJobs must fit in a block
         ranked = self._ranking()
+        in_hand, rates = self._flops_in_hand(), self._rates()
         now, self._next_turn = time.monotonic(), None
         for job_id in list(self._candidates):
             busy = self._tasks + bool(small) >= self.config.max_in_flight
@@ -696,14 +778,53 @@ class Worker:
                 batch_gas += gas
                 if len(small) == self.config.max_batch_jobs:
                     break  # one batch per block: the rest stays for other workers and later
-            elif job.timeout_blocks >= self.config.min_deadline_blocks:
-                self._claim(job)
-            else:
+            elif job.timeout_blocks < self.config.min_deadline_blocks:
                 log.info("job %d not claimed: its deadline, %d blocks after a claim, is below "
                          "--min-deadline %d", job_id, job.timeout_blocks,
                          self.config.min_deadline_blocks)
+            elif self._in_time(job, in_hand, *rates):
+                self._claim(job)
+                in_hand += _flops(job.batch, job.m, job.k, job.n)
+            else:  # open for other workers; looked at again as the pace and the work change
+                self._candidates[job_id] = job
         if small:
             self._start_batch(small)
+
+    def _flops_in_hand(self) -> int:
+        """FLOPs of the jobs this worker took and has not yet computed: they share its
+        device with a job it claims now."""
+        with self._lock:
+            return sum(_flops(r.batch, r.m, r.k, r.n) for r in self.jobs
+                       if r.stage in ("fetching", "claimed", "computing"))
+
+    def _rates(self) -> tuple[float, float, float]:
+        """(FLOP/s, bytes/s of transfers, seconds per block) for `_in_time`, the slowest
+        device and link and the fastest chain seen lately."""
+        now = time.monotonic()
+        return (self._compute_rate.lowest(now), self._transfer_rate.lowest(now),
+                self._pace.interval(now))
+
+    def _in_time(self, job: Job, in_hand: int, flops_per_second: float,
+                 bytes_per_second: float, block_seconds: float) -> bool:
+        """Whether `job`'s deadline gives DEADLINE_MARGIN times the seconds this worker needs
+        after claiming it (`in_hand`: FLOPs of its jobs not computed yet; the rates:
+        `_rates`). A claim it cannot commit in time expires, and anyone reopening it cuts
+        10 % of the stake; a job passed over is logged once."""
+        c_bytes = (8 if job.precision == 0 else 4) * job.batch * job.m * job.n
+        needed = seconds_needed(in_hand + _flops(job.batch, job.m, job.k, job.n), c_bytes,
+                                flops_per_second, bytes_per_second)
+        given = seconds_given(job.timeout_blocks, block_seconds)
+        if given >= DEADLINE_MARGIN * needed:
+            self._passed_over.discard(job.job_id)
+            return True
+        if job.job_id not in self._passed_over:
+            self._passed_over.add(job.job_id)
+            log.info("job %d not claimed: it would take this worker about %.2f s after a "
+                     "claim, and its deadline, %d blocks, gives about %.2f s at %.3f s per "
+                     "block (the shortest lately); it claims with %gx that margin",
+                     job.job_id, needed, job.timeout_blocks, given, block_seconds,
+                     DEADLINE_MARGIN)
+        return False
 
     def _ranking(self):
         """job id -> this worker's rank for the job among the workers that claimed lately.
@@ -984,8 +1105,15 @@ class Worker:
         except compute.OperandError as err:
             self._skip(record, err)
             return None
-        self.metrics.stage_latency.labels("fetch").observe(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.metrics.stage_latency.labels("fetch").observe(seconds)
+        self._note_transfer(operands[0].nbytes + operands[1].nbytes, seconds)
         return operands
+
+    def _note_transfer(self, nbytes: int, seconds: float) -> None:
+        """Time a transfer for the deadline estimate (`_in_time`), if large enough to."""
+        if nbytes >= MIN_SAMPLE_BYTES and seconds > 0:
+            self._transfer_rate.add(nbytes / seconds, time.monotonic())
 
     def _try_compute(self, job: Job) -> tuple[np.ndarray | None, Exception | None]:
         """Fetch and check A and B and compute C: (C, None), or (None, the error)."""
@@ -1026,7 +1154,11 @@ class Worker:
         """C, timed; OperandError if it holds NaN or Inf (a float product that overflowed)."""
         t0 = time.perf_counter()
         c = compute.matmul(a, b, self.device)
-        self.metrics.stage_latency.labels("compute").observe(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.metrics.stage_latency.labels("compute").observe(seconds)
+        flops = _flops(job.batch, job.m, job.k, job.n)
+        if flops >= MIN_SAMPLE_FLOPS and seconds > 0:  # for the deadline estimate
+            self._compute_rate.add(flops / seconds, time.monotonic())
         compute.check_result(c, job.precision == 0)
         return c
 
@@ -1061,6 +1193,7 @@ class Worker:
         c_id = self._retry_for(job, self.chain.put_array, c)
         t3 = time.perf_counter()
         self.metrics.stage_latency.labels("upload").observe(t3 - t2)
+        self._note_transfer(c.nbytes, t3 - t2)
         try:
             receipt = self._retry_for(job, self.chain.send_with_gas, COMMIT_GAS,
                                       "commitResult", job.job_id, c_id)
