@@ -181,11 +181,17 @@ def main() -> None:
     parser.add_argument("--many-txs", type=int, default=64, help="submitJobs transactions")
     parser.add_argument("--seal-blocks", type=int, default=3, help="in-process sealed blocks")
     parser.add_argument("--seal-block-txs", type=int, default=480, help="txs per such block")
-    parser.add_argument("--reference-only", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--reference-only", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.reference_only:
+    if args.reference_only is not None:
         print(*stock_rate(args.reference_only))
         return
+    if args.reference_txs < 1:
+        parser.error("--reference-txs must be at least 1: every rate is a ratio against it")
+    if args.txs < args.senders:
+        parser.error(f"--txs must be at least --senders ({args.senders}): each sends txs/senders")
+    if args.seal_blocks and args.seal_block_txs < args.senders:
+        parser.error(f"--seal-block-txs must be at least --senders ({args.senders})")
 
     print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
     print("rates: per wall-clock second / per CPU second of the process doing the work "

@@ -13,7 +13,12 @@ import argparse
 import time
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # the reference every figure is a ratio against
+    raise SystemExit("core_overhead.py compares with PyTorch, which is not installed: "
+                     "pip install -e '.[bench]'") from None
 
 import needle as ndl
 from needle import ops

@@ -36,7 +36,7 @@ def best_time(fn, operands: tuple, repeats: int, clock) -> tuple[float, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--dtypes", nargs="+", default=["int8", "int16", "int32"],
                         choices=["int8", "int16", "int32"])

@@ -10,7 +10,12 @@ import argparse
 import statistics
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # cuBLAS, the reference, is called through PyTorch
+    raise SystemExit("matmul_cuda.py compares with cuBLAS through PyTorch, which is not "
+                     "installed: pip install torch") from None
 
 from needle.backend_ndarray import ndarray_backend_cuda as cuda
 

@@ -116,7 +116,7 @@ def run(ranks: int, threads: int, overlaps: str, opts: argparse.Namespace) -> li
     ]
     if proc.returncode != 0 or not results:
         output = proc.stdout + proc.stderr
-        raise RuntimeError(f"{ranks}-rank run failed ({proc.returncode}):\n{output}")
+        raise SystemExit(f"{ranks}-rank run failed ({proc.returncode}):\n{output}")
     return results
 
 

@@ -17,7 +17,11 @@ import argparse
 import ctypes
 import functools
 
-import torch
+try:
+    import torch
+except ImportError:  # cuBLAS, the reference, is called through PyTorch
+    raise SystemExit("sgemm_sweep.py compares with cuBLAS through PyTorch, which is not "
+                     "installed: pip install torch") from None
 from matmul_cuda import time_ms  # bench/ is on sys.path when this runs as a script
 
 
@@ -118,7 +122,13 @@ def main() -> None:
     parser.add_argument("--variants", type=int, nargs="*", help="indices to run (default: all)")
     parser.add_argument("--tf32", action="store_true", help="sweep the Hopper TF32 kernels")
     args = parser.parse_args()
-    lib = ctypes.CDLL(args.library)
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU")
+    try:
+        lib = ctypes.CDLL(args.library)
+    except OSError as err:
+        raise SystemExit(f"{err} (build it from bench/sgemm_sweep.cu: the command is at the "
+                         "top of bench/sgemm_sweep.py)") from None
     lib.sweep_name.restype = ctypes.c_char_p
     lib.tf32_name.restype = ctypes.c_char_p
     count = lib.tf32_count() if args.tf32 else lib.sweep_count()

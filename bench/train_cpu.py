@@ -14,8 +14,13 @@ import argparse
 import time
 
 import numpy as np
-import torch
-from threadpoolctl import threadpool_limits
+
+try:
+    import torch
+    from threadpoolctl import threadpool_limits
+except ImportError as err:  # the reference and the thread caps
+    raise SystemExit(f"train_cpu.py needs {err.name}, which is not installed: "
+                     "pip install -e '.[bench]'") from None
 
 import needle as ndl
 from needle import models, nn, optim

@@ -68,7 +68,11 @@ def best_time(fn, repeats: int, sync=lambda: None, until_return: bool = False) -
     host's jitter is then a large part of one call), each from a synchronised device to the
     next synchronisation; with until_return, until fn returns (the synchronisation after it
     untimed: for verify(), which returns once the kernel has written the verdict, the wait
-    for its verdict without the kernel's exit after that)."""
+    for its verdict without the kernel's exit after that). One untimed call first: a first
+    call may build a plan or compile a kernel, and would end the count at `repeats` calls
+    by taking over SHORT_CALL."""
+    fn()
+    sync()
     samples = []
     while len(samples) < repeats or (min(samples) < SHORT_CALL and len(samples) < SHORT_REPEATS):
         sync()
@@ -254,7 +258,10 @@ def exact_pieces(A, B, C, sgemm: float, repeats: int, sync) -> list[tuple[str, f
 
 def run_timings(sizes: list[int], gpu: bool, int_matmul_limit: int, repeats: int) -> None:
     if gpu:
-        import cupy as xp
+        try:
+            import cupy as xp
+        except ImportError:
+            raise SystemExit("--gpu runs the check on CuPy arrays: CuPy is not installed") from None
 
         def sync():
             xp.cuda.Device().synchronize()

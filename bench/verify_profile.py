@@ -15,8 +15,13 @@ import cProfile
 import pstats
 import time
 
-import cupy
 import numpy as np
+
+try:
+    import cupy
+except ImportError:  # it profiles the GPU check, on CuPy arrays
+    raise SystemExit("verify_profile.py profiles the GPU check and needs CuPy, which is not "
+                     "installed") from None
 
 from verifier import batch, gpu_exact, gpu_float, verify
 from verifier.rng import Signs, as_seed, field_key
@@ -80,7 +85,7 @@ def float_steps(n: int, precision: str, rounds: int) -> tuple[dict, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--precision", choices=batch.PRECISIONS, default="exact")
