@@ -29,6 +29,7 @@ from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node.compute import may_overflow
 from node.market import (
+    DIRECT_COMMIT_FLOPS,
     PRESIGN_BYTES,
     UPLOAD_THREADS,
     Market,
@@ -408,7 +409,8 @@ class JobClient:
                     stuck = next(p for p in pending if p.result is None)
                     raise RemoteJobError(
                         stuck.stage, f"timed out after {self.timeout:.0f}s (no worker moved "
-                        f"the job on{_overflow_hint(stuck)}): {self.abandon(pending)}",
+                        f"the job on{_unclaimed_hint(stuck, self.timeout_blocks)}): "
+                        f"{self.abandon(pending)}",
                         stuck.job_id)
         except RemoteJobError as err:  # the jobs done before it are paid for: not dropped
             finished = _finished(pending)
@@ -566,14 +568,23 @@ def _finished_note(results: dict[int, np.ndarray]) -> str:
                      f"{job_id} -o C.npy` gets its result" for job_id in results)
 
 
-def _overflow_hint(p: _Pending) -> str:
-    """Why an unclaimed float job may have been passed over: workers compute a product that
-    may overflow float32 before claiming it, and skip it if it does (the chain would fail its
-    Inf, slashing them)."""
-    if p.stage != "submitted" or not may_overflow(p.a, p.b, p.precision == "exact"):
+def _unclaimed_hint(p: _Pending, timeout_blocks: int) -> str:
+    """Why no worker may have claimed a job: workers compute a float product that may
+    overflow float32 before claiming it, and skip it if it does (the chain would fail its
+    Inf, slashing them); and they claim a large job only where its deadline leaves them time
+    to commit (a claim that expires costs them 10 % of their stake)."""
+    if p.stage != "submitted":
         return ""
-    return ("; its product may overflow float32 (k max|A| max|B| is at least half the largest "
-            "float32), and workers skip a product that does: scale A or B down")
+    if may_overflow(p.a, p.b, p.precision == "exact"):
+        return ("; its product may overflow float32 (k max|A| max|B| is at least half the "
+                "largest float32), and workers skip a product that does: scale A or B down")
+    batch = p.a.shape[0] if p.a.ndim == 3 else p.b.shape[0] if p.b.ndim == 3 else 1
+    if 2 * batch * p.a.shape[-2] * p.a.shape[-1] * p.b.shape[-1] <= DIRECT_COMMIT_FLOPS:
+        return ""
+    return (f"; workers claim a job this large only if its deadline, {timeout_blocks} blocks "
+            "after the claim, leaves them twice the time they need (and never below their "
+            "--min-deadline, 5 blocks by default): a larger --deadline (timeout_blocks) lets "
+            "them")
 
 
 def _enter(p: _Pending, stage: str) -> None:

@@ -46,6 +46,9 @@ FINALIZE_BOOKKEEPING_GAS = 300_000  # the contract's own work in a finalize (mea
 ZERO_ADDRESS = "0x" + "00" * 20
 UPLOAD_THREADS = 8
 PRESIGN_BYTES = 1 << 20  # blobs up to this size in all: their transaction signed during upload
+# workers compute jobs up to this many FLOPs before claiming them (claim and commit in one
+# transaction, no deadline to miss); larger ones they claim only where the deadline leaves time
+DIRECT_COMMIT_FLOPS = 2 * 512**3
 
 NETWORK_DOWN_ERRNOS = frozenset({errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTDOWN,
                                  errno.EHOSTUNREACH})

@@ -35,6 +35,7 @@ from node.market import (
     BLOCKHASH_WINDOW,
     CLAIM_GAS,
     COMMIT_GAS,
+    DIRECT_COMMIT_FLOPS,
     FINALIZE_JOBS_GAS,
     JOB_CLAIMED,
     JOB_COMMITTED,
@@ -72,7 +73,7 @@ class WorkerConfig:
     max_operand_bytes: int = 1 << 30
     max_in_flight: int = 8
     poll_interval: float = 1.0  # longest wait for a new block (a long poll) before polling anyway
-    direct_commit_flops: int = 2 * 512**3  # smaller jobs: computed first, claimed + committed
+    direct_commit_flops: int = DIRECT_COMMIT_FLOPS  # smaller: computed first, claimed + committed
     max_batch_jobs: int = 128  # small jobs taken per block, committed in one transaction
     finalize_timeout: float = 30.0
     connect_timeout: float = 30.0  # start-up: how long an unreachable chain node is retried

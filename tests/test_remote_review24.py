@@ -137,3 +137,20 @@ def test_an_infinite_timeout_is_still_taken():
     """docs/node.md: `inf` waits for good (checked before connecting: ConnectionError)."""
     with pytest.raises(ConnectionError):
         Network(f"http://127.0.0.1:{free_port()}", timeout=math.inf)
+
+
+@pytest.mark.parametrize("n,hinted", [(600, True), (64, False)])
+def test_a_large_job_nobody_claimed_names_its_deadline(node, n, hinted):
+    """Workers claim a large job only where its deadline leaves them time (a claim that
+    expires costs 10 % of their stake): a large job timed out unclaimed said only "no worker
+    moved the job on", where a larger deadline is what the user can change. Nothing else
+    runs on this node's module but hand-driven workers, so nobody claims here."""
+    a = np.ones((n, n), np.float32)
+    client = JobClient(node.url, dev_account(13), fee_wei=10**15, timeout=2, timeout_blocks=3)
+    try:
+        with pytest.raises(RemoteJobError, match="stage submitted") as caught:
+            client.matmul(a, a)
+    finally:
+        client.close()
+    assert ("a larger --deadline (timeout_blocks) lets them" in str(caught.value)) == hinted
+    assert "3 blocks after the claim" in str(caught.value) or not hinted
