@@ -9,6 +9,8 @@ in one transaction.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import sqlite3
@@ -78,20 +80,25 @@ class NodeConfig:
     # decode and recover the senders of batched raw transactions in a second process
     # (started at the first batch of chain.admission.MIN_WORKER_BATCH or more)
     decode_process: bool = True
-    # pending transactions beyond which only ones the next block can take are admitted: one
-    # behind a nonce gap costs nothing until mined, so senders could pile them up unbounded
+    # pending transactions (or bytes of them) beyond which only ones the next block can take
+    # are admitted: one behind a nonce gap costs nothing until mined, so senders could pile
+    # them up unbounded (by bytes: 16384 of 128 KiB each held 2 GiB)
     max_pending: int = 1 << 14
+    max_pending_bytes: int = 64 << 20
 
 
 @dataclass
 class Mempool:
-    """Pending transactions by sender and nonce, in arrival order of senders. Its own lock
+    """Pending transactions by sender and nonce, and by hash in arrival order. Its own lock
     (not the chain's) guards it: admission goes on while a block is sealing."""
 
     by_sender: dict[bytes, dict[int, SignedTransactionAPI]] = field(default_factory=dict)
     by_hash: dict[bytes, SignedTransactionAPI] = field(default_factory=dict)
     committed: dict[bytes, int] = field(default_factory=dict)  # max cost of a sender's txs
+    arrival: dict[bytes, int] = field(default_factory=dict)  # by hash: the order of admission
+    size: int = 0  # bytes of the pending transactions, encoded
     lock: threading.RLock = field(default_factory=threading.RLock)
+    _arrivals: itertools.count = field(default_factory=itertools.count)
 
     @staticmethod
     def max_cost(tx: SignedTransactionAPI) -> int:
@@ -102,6 +109,8 @@ class Mempool:
             self.by_sender.setdefault(tx.sender, {})[tx.nonce] = tx
             self.by_hash[tx.hash] = tx
             self.committed[tx.sender] = self.committed.get(tx.sender, 0) + self.max_cost(tx)
+            self.arrival[tx.hash] = next(self._arrivals)
+            self.size += len(tx.encode())
 
     def remove(self, tx: SignedTransactionAPI) -> None:
         with self.lock:
@@ -110,6 +119,8 @@ class Mempool:
             pending = self.by_sender[tx.sender]
             del pending[tx.nonce]
             self.committed[tx.sender] -= self.max_cost(tx)
+            del self.arrival[tx.hash]
+            self.size -= len(tx.encode())
             if not pending:
                 del self.by_sender[tx.sender]
                 del self.committed[tx.sender]
@@ -275,12 +286,12 @@ class Node:
             if tx.nonce in pending:
                 raise TxRejected(f"nonce {tx.nonce} already used by a pending transaction "
                                  "(replacement is not supported)")
-            if len(self.mempool) >= self.config.max_pending:
+            if self._pool_full(tx):
                 executable = next_nonce(nonce, pending)
                 if tx.nonce != executable:
-                    raise TxRejected(f"transaction pool is full ({len(self.mempool)} pending): "
-                                     f"only the sender's next nonce {executable} is admitted, "
-                                     f"not {tx.nonce}")
+                    raise TxRejected(f"transaction pool is full ({len(self.mempool)} pending, "
+                                     f"{self.mempool.size} bytes): only the sender's next "
+                                     f"nonce {executable} is admitted, not {tx.nonce}")
             if tx.gas > head.gas_limit:
                 raise TxRejected(f"gas {tx.gas} exceeds the block gas limit {head.gas_limit}")
             if tx.gas < tx.intrinsic_gas:
@@ -302,20 +313,40 @@ class Node:
                 self._wake.notify()
         return tx.hash
 
+    def _pool_full(self, tx: SignedTransactionAPI) -> bool:
+        """Whether the pool, with `tx`, holds more than its bounds (count and bytes)."""
+        return len(self.mempool) >= self.config.max_pending or \
+            self.mempool.size + len(tx.encode()) > self.config.max_pending_bytes
+
     # --- block production ----------------------------------------------------------------------
     def _select(self, head_state) -> list[SignedTransactionAPI]:
-        """Pending transactions with consecutive nonces, senders in arrival order."""
-        selected = []
+        """Pending transactions with consecutive nonces from each sender's next, in the order
+        they were admitted (a sender's nonces in order). Taken sender by sender, one sender's
+        queue filled every block while it kept topping it up, and kept out for ever what
+        others had sent before its later transactions."""
+        selected: list[SignedTransactionAPI] = []
         with self.mempool.lock:
             self._admitted_since_seal = False
+            heads = []
             for sender, pending in list(self.mempool.by_sender.items()):
                 nonce = head_state.get_nonce(sender)
                 for stale in [n for n in pending if n < nonce]:
                     self.mempool.remove(pending[stale])
-                while nonce in pending and len(selected) < self.config.max_block_txs:
-                    selected.append(pending[nonce])
-                    nonce += 1
+                if nonce in pending:
+                    heads.append(self._place(pending[nonce]))
+            heapq.heapify(heads)
+            while heads and len(selected) < self.config.max_block_txs:
+                tx = heapq.heappop(heads)[-1]
+                selected.append(tx)
+                if (following := self.mempool.by_sender[tx.sender].get(tx.nonce + 1)) is not None:
+                    heapq.heappush(heads, self._place(following))
         return selected
+
+    def _place(self, tx: SignedTransactionAPI) -> tuple[int, SignedTransactionAPI]:
+        """`tx`'s place in a block, smallest first: its arrival (unique, so the transaction
+        itself is never compared). Not by tip, as geth orders: ChainClient signs with none, and
+        any sender paying one would keep workers' deadline-bound commits out of full blocks."""
+        return self.mempool.arrival[tx.hash], tx
 
     def seal(self) -> object:
         """Build, validate, persist and flush one block from the pending transactions."""
@@ -334,11 +365,14 @@ class Node:
             vm.block_preprocessing(vm.get_block())
             header = vm.get_header()
             included, receipts = [], []
-            held: set[bytes] = set()  # senders whose next transaction was just dropped
+            # senders whose next transaction was just dropped, or did not fit in the gas the
+            # block had left (ending the block there kept the smaller ones after it out)
+            held: set[bytes] = set()
             for tx in candidates:
+                if tx.sender in held:  # behind the gap it left: pending, as admitted
+                    continue
                 if header.gas_used + tx.gas > header.gas_limit:
-                    break
-                if tx.sender in held:  # behind the gap the drop left: pending, as admitted
+                    held.add(tx.sender)
                     continue
                 snapshot = vm.state.snapshot()
                 try:
