@@ -21,10 +21,28 @@ from node.training import train_digits
 ETHER = 10**18
 JOB_TIMEOUT = 120.0  # seconds the demo's client waits for each job
 LOG_TAIL_LINES = 10
+BOOKS_TIMEOUT = 10.0  # seconds the table waits for workers to book their last verdicts
 
 
 def _balances(client: JobClient, addresses: list[str]) -> dict[str, int]:
     return {a: client.market.balance_of(a) for a in addresses}
+
+
+def _books(net: Devnet) -> dict[str, tuple[int, int]]:
+    """(jobs verified, fees earned in wei) of each worker, as its /status counts them: over
+    its data dir's whole history, so a demo on a reused `--data-dir` takes differences. A
+    worker books a verdict just after the chain (and so the client) has it: its jobs in
+    flight are waited for, for at most BOOKS_TIMEOUT seconds."""
+    end = time.monotonic() + BOOKS_TIMEOUT
+    books = {}
+    for w in net.workers:
+        while True:
+            status = httpx.get(f"{w.api_url}/status", timeout=5).json()
+            if status["in_flight"] == 0 or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        books[w.address] = (status["completed"], status["earned_wei"])
+    return books
 
 
 def _interrupt(*_) -> None:
@@ -88,7 +106,7 @@ def _show(net: Devnet, workers: int, console: Console) -> None:
     net.start(workers)
     client = JobClient(net.rpc_url, timeout=JOB_TIMEOUT, progress=True)
     parties = [client.address, *(w.address for w in net.workers)]
-    before = _balances(client, parties)
+    before, books_before = _balances(client, parties), _books(net)
     console.print(f"chain at {net.rpc_url}; client {client.address}")
 
     console.rule("1. one verified remote matmul (256 x 256, float32)")
@@ -114,16 +132,16 @@ def _show(net: Devnet, workers: int, console: Console) -> None:
                   f"{time.perf_counter() - t0:.1f}s)")
 
     console.rule("3. what each party saw and earned")
-    after = _balances(client, parties)
+    after, books = _balances(client, parties), _books(net)
     # cells wrap rather than end in `…`: at 80 columns the addresses were cut short
     table = Table(*(Column(header, overflow="fold") for header in (
         "party", "address", "jobs verified", "fees earned (ETH)", "balance change (ETH)")))
     table.add_row("client", client.address, "", "",
                   f"{(after[client.address] - before[client.address]) / ETHER:+.6f}")
     for w in net.workers:
-        status = httpx.get(f"{w.api_url}/status", timeout=5).json()
-        table.add_row(f"worker {w.index}", w.address, str(status["completed"]),
-                      f"{status['earned_wei'] / ETHER:.6f}",
+        done, earned = (now - then for now, then in zip(books[w.address],
+                                                        books_before[w.address], strict=True))
+        table.add_row(f"worker {w.index}", w.address, str(done), f"{earned / ETHER:.6f}",
                       f"{(after[w.address] - before[w.address]) / ETHER:+.6f}")
     console.print(table)
     console.print("worker balance change = fees + proof-of-useful-work block rewards "

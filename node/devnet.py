@@ -135,6 +135,8 @@ class Devnet:
         return self
 
     def start_chain(self) -> None:
+        """Start the chain node (again, after it stopped: it resumes from its data dir)."""
+        _require_stopped(self.chain, "the chain node")
         self.chain = self._spawn(
             ["chain", "up", "--data-dir", str(self.data_dir / "chain"), "--host", "127.0.0.1",
              "--port", str(self.port), "--block-time", str(self.block_time),
@@ -156,8 +158,13 @@ class Devnet:
 
     def start_worker(self, index: int | None = None, *, extra_args: tuple[str, ...] = (),
                      env: dict | None = None, wait: bool = True) -> WorkerProcess:
-        """Start worker `index` (a new one by default); reuses its keystore if it exists."""
-        index = len(self.workers) if index is None else index
+        """Start worker `index` (by default the next index not in use); reuses its keystore
+        if it exists."""
+        if index is None:
+            index = max((w.index for w in self.workers), default=-1) + 1
+        for running in self.workers:
+            if running.index == index:
+                _require_stopped(running.process, f"worker {index}")
         data_dir = self.worker_dir(index)
         account = self.worker_account(index)
         self._fund(account.address)
@@ -236,6 +243,15 @@ def _require_free(port: int, what: str) -> None:
         except OSError as err:
             raise DevnetError(f"{what} port {port} is in use ({err.strerror}): is another "
                               "devnet or chain node running there?") from None
+
+
+def _require_stopped(process: subprocess.Popen | None, what: str) -> None:
+    """DevnetError if `process` still runs: a second one on its data dir would share its key
+    (or fail on its lock), and the devnet, which keeps one process per role, would no
+    longer stop the first one on close."""
+    if process is not None and process.poll() is None:
+        raise DevnetError(f"{what} is running (pid {process.pid}): stop it before starting "
+                          "it again")
 
 
 def _log_note(log: Path | None) -> str:
