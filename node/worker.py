@@ -743,7 +743,10 @@ class Worker:
             try:
                 if self._block_one is None:
                     self._block_one = self._block_one_hash(self._head)
-                self._stake_wei = self.chain.stake_of(self.address)
+                self._stake_wei, withdraw_block, _ = self.chain.worker_info(self.address)
+                if withdraw_block:  # requested elsewhere too (`needle-net withdraw`): the
+                    # chain refuses every claim and commit now, which cost gas and jobs
+                    self._withdrawing = True
                 self._balance_wei = self.chain.balance_of(self.address)
                 self.metrics.stake.set(self._stake_wei)
             except Exception as err:  # noqa: BLE001 - the next refresh tries again

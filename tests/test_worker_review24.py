@@ -193,3 +193,23 @@ def test_a_job_whose_deadline_no_worker_meets_is_not_claimed(node, tmp_path):
     finally:
         stop_worker(worker, thread)
         submitter.close()
+
+
+def test_a_withdrawal_requested_outside_the_worker_closes_it(node, tmp_path):
+    """`needle-net withdraw` with the worker's key while it runs: the chain refuses its
+    claims and commits from then on, but the worker read only its stake, still said it was
+    accepting jobs and sent commits that reverted (their gas spent, the jobs left open)."""
+    account = dev_account(16)
+    config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER)
+    worker = Worker(config, account)
+    thread = run_worker(worker)
+    owner = Market(node.url, account)
+    try:
+        wait_for(lambda: worker.status()["stake_wei"] > 0, 30, "the worker never started")
+        assert worker.status()["accepting_jobs"] is True
+        owner.send("requestWithdraw")
+        wait_for(lambda: worker.status()["accepting_jobs"] is False, 30,
+                 "the worker still accepts jobs after its stake's withdrawal was requested")
+    finally:
+        stop_worker(worker, thread)
+        owner.close()
