@@ -5,6 +5,7 @@ import functools
 import json
 import threading
 import time
+from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import coincurve
@@ -75,6 +76,13 @@ class KeepAliveProvider(HTTPProvider):
 
 class TransactionReverted(RuntimeError):
     """A transaction was mined but reverted (status 0), or would revert."""
+
+
+def log_spans(first: int, last: int) -> Iterator[tuple[int, int]]:
+    """Blocks first..last as (from, to) spans of at most MAX_LOG_BLOCKS: the most one
+    eth_getLogs may cover (-32005 beyond)."""
+    for start in range(first, last + 1, MAX_LOG_BLOCKS):
+        yield start, min(last, start + MAX_LOG_BLOCKS - 1)
 
 
 class ChainClient:
@@ -181,10 +189,9 @@ class ChainClient:
         on a longer chain, or a client waiting on jobs submitted that many blocks before,
         failed every poll."""
         logs: list[dict] = []
-        for start in range(first, last + 1, MAX_LOG_BLOCKS):
+        for start, end in log_spans(first, last):
             answer = self.w3.provider.make_request("eth_getLogs", [{
-                "address": self.market.address, "fromBlock": hex(start),
-                "toBlock": hex(min(last, start + MAX_LOG_BLOCKS - 1))}])
+                "address": self.market.address, "fromBlock": hex(start), "toBlock": hex(end)}])
             if "error" in answer:
                 raise ValueError(f"eth_getLogs failed: {answer['error']}")
             logs += answer["result"]

@@ -637,7 +637,8 @@ class Rpc:
         _execution.deadline = started + left
         try:
             state = costless_state(self.node.chain.get_vm(header))
-            apply_state_overrides(state, overrides or {})
+            if overrides:
+                apply_state_overrides(state, overrides)
             tx = self._spoof(call, state, min(header.gas_limit, allowance or header.gas_limit))
             state.computation_class = deadline_computation(state.computation_class)
             computation = state.costless_execute_transaction(tx)

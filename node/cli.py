@@ -695,13 +695,13 @@ def withdraw(
 
     market = Market(rpc_url, _account(keystore, password_file))
     try:
-        _, withdraw_block, _ = market.worker_info(market.address)
+        _, withdraw_block, claims = market.worker_info(market.address)
         if withdraw_block == 0:
             receipt = market.send("requestWithdraw")
             block = market.events_in(receipt, "WithdrawRequested")[0]["availableBlock"]
             console.print(f"withdrawal requested; run again from block {block}")
         else:
-            _require_withdrawable(market, withdraw_block)
+            _require_withdrawable(market, withdraw_block, claims)
             receipt = market.send("withdraw")
             amount = market.events_in(receipt, "Withdrawn")[0]["amount"]
             console.print(f"withdrew {_eth(amount)} ETH")
@@ -709,14 +709,13 @@ def withdraw(
         market.close()
 
 
-def _require_withdrawable(market: Market, withdraw_block: int) -> None:
+def _require_withdrawable(market: Market, withdraw_block: int, claims: int) -> None:
     """Refuse, before a transaction that would revert, a withdrawal the contract refuses now:
     its revert reasons ("cooldown not over") named neither the block nor the claims."""
     head = market.block_number()
     if head + 1 < withdraw_block:  # a transaction sent now lands in block head + 1 or later
         _fail(f"the stake can be withdrawn in block {withdraw_block} or later; the chain is at "
               f"block {head}: run this again then")
-    claims = market.worker_info(market.address)[2]
     if claims:
         _fail(f"{claims} job(s) claimed by {market.address} are not finished: the stake can be "
               "withdrawn once they are finalised or reopened")

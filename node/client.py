@@ -30,6 +30,7 @@ from chain.timeline import mark
 from node.compute import may_overflow
 from node.market import (
     DIRECT_COMMIT_FLOPS,
+    MIN_DEADLINE_BLOCKS,
     PRESIGN_BYTES,
     UPLOAD_THREADS,
     Market,
@@ -583,8 +584,8 @@ def _unclaimed_hint(p: _Pending, timeout_blocks: int) -> str:
         return ""
     return (f"; workers claim a job this large only if its deadline, {timeout_blocks} blocks "
             "after the claim, leaves them twice the time they need (and never below their "
-            "--min-deadline, 5 blocks by default): a larger --deadline (timeout_blocks) lets "
-            "them")
+            f"--min-deadline, {MIN_DEADLINE_BLOCKS} blocks by default): a larger --deadline "
+            "(timeout_blocks) lets them")
 
 
 def _enter(p: _Pending, stage: str) -> None:

@@ -27,8 +27,7 @@ from hexbytes import HexBytes
 from web3.datastructures import AttributeDict
 
 from chain.blobs import blob_id, encode_array
-from chain.client import ChainClient, TransactionReverted, checksummed
-from chain.params import MAX_LOG_BLOCKS
+from chain.client import ChainClient, TransactionReverted, checksummed, log_spans
 from chain.precompile import check_gas
 
 JOB_NONE, JOB_OPEN, JOB_CLAIMED, JOB_COMMITTED, JOB_DONE, JOB_CANCELLED = range(6)
@@ -49,6 +48,9 @@ PRESIGN_BYTES = 1 << 20  # blobs up to this size in all: their transaction signe
 # workers compute jobs up to this many FLOPs before claiming them (claim and commit in one
 # transaction, no deadline to miss); larger ones they claim only where the deadline leaves time
 DIRECT_COMMIT_FLOPS = 2 * 512**3
+# and never one whose deadline is fewer blocks after the claim than this (by default): anyone
+# can submit a 1-block job, and a claim that expires cuts 10 % of the worker's stake
+MIN_DEADLINE_BLOCKS = 5
 
 NETWORK_DOWN_ERRNOS = frozenset({errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTDOWN,
                                  errno.EHOSTUNREACH})
@@ -322,10 +324,9 @@ class Market:
         query from block 0 was refused (-32005) once the chain passed MAX_LOG_BLOCKS blocks,
         and a worker restarting on such a chain failed to start."""
         head, ids = self.block_number(), set()
-        for start in range(0, head + 1, MAX_LOG_BLOCKS):
+        for start, end in log_spans(0, head):
             events = self.contract.events.JobClaimed.get_logs(
-                argument_filters={"worker": worker}, from_block=start,
-                to_block=min(head, start + MAX_LOG_BLOCKS - 1))
+                argument_filters={"worker": worker}, from_block=start, to_block=end)
             ids.update(int(e["args"]["jobId"]) for e in events)
         return ids
 

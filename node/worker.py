@@ -41,6 +41,7 @@ from node.market import (
     JOB_COMMITTED,
     JOB_DONE,
     JOB_OPEN,
+    MIN_DEADLINE_BLOCKS,
     PRECISIONS,
     PRESIGN_BYTES,
     UPLOAD_THREADS,
@@ -66,10 +67,9 @@ class WorkerConfig:
     stake_wei: int
     min_fee_wei: int = 0
     max_flops: int = 2 * 4096**3
-    # jobs to claim must give at least this many blocks after the claim: anyone can submit a
-    # job of a 1-block deadline that no worker meets, and its claim's expiry cuts 10 % of the
-    # stake (jobs computed before they are committed, in one step, have no deadline to miss)
-    min_deadline_blocks: int = 5
+    # jobs to claim must give at least this many blocks after the claim (jobs computed before
+    # they are committed, in one step, have no deadline to miss)
+    min_deadline_blocks: int = MIN_DEADLINE_BLOCKS
     max_operand_bytes: int = 1 << 30
     max_in_flight: int = 8
     poll_interval: float = 1.0  # longest wait for a new block (a long poll) before polling anyway
@@ -302,7 +302,10 @@ class Worker:
         reopened job may appear twice), the open jobs seen but not taken). A job that
         finished just before a crash may be both in the journal and still in flight in the
         state file: the journal's record counts."""
-        self._set_aside_state_of_another_chain()
+        saved = self._saved_state()
+        if self._set_aside_if_of_another_chain(saved[0], saved[3]):
+            saved = 0, [], [], None
+        next_block, in_flight, waiting, self._block_one = saved
         finished: dict[tuple[int, float], JobRecord] = {}  # a later line replaces an earlier
         lines = self._journal_path.read_text().splitlines() \
             if self._journal_path.exists() else []
@@ -315,25 +318,24 @@ class Worker:
             finished[record.job_id, record.started] = record
         if len(finished) < len(lines):  # rewritten without it: the next line starts afresh
             self._write(self._journal_path, "".join(_line(r) for r in finished.values()))
-        next_block, in_flight, waiting, self._block_one = self._saved_state()
         others = [r for r in in_flight if (r.job_id, r.started) not in finished]
         # a state file written before the journal existed lists finished jobs too
         self._unjournaled = [r for r in others if r.stage in FINISHED]
         jobs = sorted([*finished.values(), *others], key=lambda r: r.started)
         return next_block, jobs, waiting
 
-    def _set_aside_state_of_another_chain(self) -> None:
-        """A data dir kept while its chain was replaced (the chain's volume or directory
-        removed, a devnet reset): its state resumes beyond the head, or names another block
-        1. The state and the journal are moved aside and the worker starts as on a fresh
-        data dir; before, it took no job until the new chain reached the old one's height."""
+    def _set_aside_if_of_another_chain(self, next_block: int, block_one: str | None) -> bool:
+        """Whether the saved state was kept while its chain was replaced (the chain's volume
+        or directory removed, a devnet reset): it resumes beyond the head, or names another
+        block 1. If so, the state and the journal are moved aside and the worker starts as
+        on a fresh data dir; before, it took no job until the new chain reached the old
+        one's height."""
         if not self._state_path.exists():
-            return
-        next_block, _, _, block_one = self._saved_state()
+            return False
         head = self.chain.block_number()
         here = self._block_one_hash(head)
         if next_block <= head + 1 and block_one in (None, here):
-            return
+            return False
         suffix = f".other-chain-{time.strftime('%Y%m%d-%H%M%S')}"
         for path in (self._state_path, self._journal_path):
             if path.exists():
@@ -341,6 +343,7 @@ class Worker:
         log.warning("%s was kept on another chain (it resumes at block %d; this chain's head "
                     "is %d, its block 1 %s): moved aside (%s), starting afresh",
                     self._state_path, next_block, head, here, suffix)
+        return True
 
     def _block_one_hash(self, head: int) -> str | None:
         """The hash of block 1, which tells chains apart (each block's mix_hash is drawn at
@@ -842,11 +845,11 @@ class Worker:
 
     def _is_small(self, job: Job) -> bool:
         """Worth computing before claiming: fast enough that a lost race wastes little."""
-        flops = 2 * job.batch * job.m * job.k * job.n
+        flops = _flops(job.batch, job.m, job.k, job.n)
         return flops <= self.config.direct_commit_flops and not self.config.stall_after_claim
 
     def _acceptable(self, job: Job) -> bool:
-        flops = 2 * job.batch * job.m * job.k * job.n
+        flops = _flops(job.batch, job.m, job.k, job.n)
         operand_bytes = 8 * job.batch * (job.m * job.k + job.k * job.n + job.m * job.n)
         return (
             self._stake_wei >= self._min_stake

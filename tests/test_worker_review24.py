@@ -21,7 +21,6 @@ from helpers import one_block, run_worker, stop_worker, submit_as_declared, wait
 
 import chain.client as chain_client_module
 import chain.rpc as rpc_module
-import node.market as market_module
 from chain.devnet import dev_account
 from chain.node import Node, NodeConfig
 from chain.rpc import create_app
@@ -104,8 +103,7 @@ def _node_serving(data_dir) -> Iterator[str]:
 def test_a_worker_on_a_chain_longer_than_one_log_query_takes_its_jobs(tmp_path, monkeypatch):
     span = 4  # the node's MAX_LOG_BLOCKS (10,000: 33 minutes of a devnet's 0.2 s blocks)
     monkeypatch.setattr(rpc_module, "MAX_LOG_BLOCKS", span)
-    for client_side in (market_module, chain_client_module):  # the client's spans match
-        monkeypatch.setattr(client_side, "MAX_LOG_BLOCKS", span)
+    monkeypatch.setattr(chain_client_module, "MAX_LOG_BLOCKS", span)  # the client's spans
     with _node_serving(tmp_path / "chain") as url:
         account = dev_account(2)
         me, submitter = Market(url, account), Market(url, dev_account(1))
