@@ -9,7 +9,7 @@ import pytest
 from helpers import run_worker, stop_worker, submit_as_declared, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-import node.market as market_module
+import chain.client as chain_client_module
 import node.worker as worker_module
 from chain.devnet import dev_account, dev_accounts
 from chain.launch import NodeProcess
@@ -112,6 +112,6 @@ def test_claimed_by_asks_in_spans_the_node_answers(monkeypatch, tmp_path):
             worker.send("claimJob", job_id)
             job_ids.append(job_id)
         assert worker.block_number() >= 6  # the claims lie in three different spans of 2
-        monkeypatch.setattr(market_module, "MAX_LOG_BLOCKS", 2)
+        monkeypatch.setattr(chain_client_module, "MAX_LOG_BLOCKS", 2)  # log_spans
         assert worker.claimed_by(worker.address) == set(job_ids)
         assert worker.claimed_by(submitter.address) == set()
