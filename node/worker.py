@@ -1,12 +1,14 @@
 """The worker node: follows the market contract, claims jobs it can handle, computes them
 on its best device, uploads and commits the result, and finalises it to get paid.
 
-One process = one key. The job loop runs on the main thread; claimed jobs run on a small
-thread pool (several in flight); the HTTP API runs on its own thread. State (the jobs in
-flight, and the next block to scan) is saved to `<data_dir>/worker-state.json` when a job
-changes stage (the next block at most once a second, off the job's path), so a restart
-resumes claimed and committed jobs instead of abandoning them; a finished job is appended
-once to `<data_dir>/worker-jobs.jsonl` (the node's history, for its dashboard).
+One process = one key and one data dir (`<data_dir>/worker.lock`, locked while it runs,
+holds its pid: a second worker there is refused). The job loop runs on the main thread;
+claimed jobs run on a small thread pool (several in flight); the HTTP API runs on its own
+thread. State (the jobs in flight, and the next block to scan) is saved to
+`<data_dir>/worker-state.json` when a job changes stage (the next block at most once a
+second, off the job's path), so a restart resumes claimed and committed jobs instead of
+abandoning them; a finished job is appended once to `<data_dir>/worker-jobs.jsonl` (the
+node's history, for its dashboard).
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 import numpy as np
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
+from web3.exceptions import Web3RPCError
 
 from chain.blobserver import BoundedHttpProtocol, listen
+from chain.client import nonce_taken
+from chain.dirlock import DirLocked, lock_dir
 from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node import compute
@@ -58,6 +64,7 @@ from node.metrics import NodeMetrics
 log = logging.getLogger("needle.worker")
 
 CHEAT_ENV = "NEEDLE_NET_ALLOW_CHEAT"
+LOCK_FILE = "worker.lock"  # held (flock) by the worker using the data dir; holds its pid
 
 
 @dataclass
@@ -144,6 +151,12 @@ class ClaimExpired(Exception):
     """The claim's deadline passed before the result could be committed."""
 
 
+class StoppedHolding(Exception):
+    """A stop request ended the retries of a transaction for a job this worker holds: the
+    job stays in flight, saved as it is, for a restart to resume (booked as an error, it
+    was listed twice once the restart resumed it)."""
+
+
 class FundsNeeded(WorkerStartError):
     """The worker's address holds too little ETH to deposit its stake (and pay the gas)."""
 
@@ -162,6 +175,26 @@ def admin_token(path: Path | None) -> str | None:
     if not token:
         raise WorkerStartError(f"the admin token file {path} is empty")
     return token
+
+
+def _lock_data_dir(data_dir: Path) -> TextIO:
+    """The data dir's lock, held while the worker runs: two workers there wrote the same
+    state file and journal, each resuming the other's jobs. A crashed worker holds none
+    (the kernel drops a dead process's flock)."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return lock_dir(data_dir, LOCK_FILE)
+    except DirLocked as err:
+        raise WorkerStartError(f"data dir {data_dir} is in use by another worker (pid "
+                               f"{err.holder}); stop it or pick another data dir") from None
+    except OSError as err:
+        raise WorkerStartError(f"cannot use data dir {data_dir}: {err.strerror}") from err
+
+
+def _nonce_taken(err: Exception) -> bool:
+    """Whether the node refused a transaction for a nonce another client with this key took
+    (the transaction never ran: it may be signed again with the next nonce)."""
+    return isinstance(err, Web3RPCError) and nonce_taken(err)
 
 
 def _eth(wei: int) -> str:
@@ -252,48 +285,53 @@ class Worker:
         self.config = config
         self.account = account
         self.address = account.address
-        self.metrics = NodeMetrics()
-        self.chain = self._connect()
-        self._await_funds()
-        self.device = compute.best_device()
-        self._compute_rate = RecentLowest(compute.measure_throughput(self.device))
-        self._transfer_rate = RecentLowest(DEFAULT_TRANSFER_BYTES_PER_SECOND)
-        self._pace = BlockPace()
-        self._passed_over: set[int] = set()  # large jobs too slow for their deadline (logged)
-        self._rng = np.random.default_rng()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="job")
-        self._blob_pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="blob")
-        self._candidates: dict[int, Job | None] = {}
-        self._tasks = 0  # claimed jobs and batches of small jobs on the pool
-        self._peers: dict[str, int] = {}  # workers seen claiming -> their latest claim's block
-        self._seen: dict[int, float] = {}  # candidate job -> when it was first seen open
-        self._next_turn: float | None = None  # when a job left to a peer becomes ours
-        self._stake_wei = 0
-        self._balance_wei = 0
-        self._head = 0
-        self._state_path = Path(config.data_dir) / "worker-state.json"
-        self._journal_path = Path(config.data_dir) / "worker-jobs.jsonl"
-        self._unjournaled: list[JobRecord] = []  # finished, not yet in the journal
-        # finished jobs no longer in self.jobs (HISTORY_JOBS): their outcomes and fees earned
-        self._forgotten_stages: dict[str, int] = dict.fromkeys(FINISHED, 0)
-        self._forgotten_earned = 0
-        self._api_socket = self._bind_api()
-        self._next_block, self.jobs, waiting = self._load_state()
-        # open jobs seen before a restart but not taken (busy, or a peer's turn): their
-        # JobSubmitted lies before the block the scan resumes from; looked up when taken
-        self._watch(dict.fromkeys(waiting))
-        with self._lock:
-            self._forget_old_jobs()
-            # the gauge counts what the books hold, not only what this run earned (as
-            # /status does)
-            self.metrics.earned.set(self._earned_wei())
-        self._saved_block = self._next_block
-        self._api_server = None
-        self._withdrawing = False
-        self._withdraw_lock = threading.Lock()  # one requestWithdraw for calls that overlap
-        self._min_stake = 0
+        self._dir_lock = _lock_data_dir(Path(config.data_dir))
+        try:
+            self.metrics = NodeMetrics()
+            self.chain = self._connect()
+            self._await_funds()
+            self.device = compute.best_device()
+            self._compute_rate = RecentLowest(compute.measure_throughput(self.device))
+            self._transfer_rate = RecentLowest(DEFAULT_TRANSFER_BYTES_PER_SECOND)
+            self._pace = BlockPace()
+            self._passed_over: set[int] = set()  # large jobs too slow for their deadline (logged)
+            self._rng = np.random.default_rng()
+            self._lock = threading.Lock()
+            self._stop = threading.Event()
+            self._pool = ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="job")
+            self._blob_pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="blob")
+            self._candidates: dict[int, Job | None] = {}
+            self._tasks = 0  # claimed jobs and batches of small jobs on the pool
+            self._peers: dict[str, int] = {}  # workers seen claiming -> their latest claim's block
+            self._seen: dict[int, float] = {}  # candidate job -> when it was first seen open
+            self._next_turn: float | None = None  # when a job left to a peer becomes ours
+            self._stake_wei = 0
+            self._balance_wei = 0
+            self._head = 0
+            self._state_path = Path(config.data_dir) / "worker-state.json"
+            self._journal_path = Path(config.data_dir) / "worker-jobs.jsonl"
+            self._unjournaled: list[JobRecord] = []  # finished, not yet in the journal
+            # finished jobs no longer in self.jobs (HISTORY_JOBS): their outcomes and fees earned
+            self._forgotten_stages: dict[str, int] = dict.fromkeys(FINISHED, 0)
+            self._forgotten_earned = 0
+            self._next_block, self.jobs, waiting = self._load_state()
+            # open jobs seen before a restart but not taken (busy, or a peer's turn): their
+            # JobSubmitted lies before the block the scan resumes from; looked up when taken
+            self._watch(dict.fromkeys(waiting))
+            with self._lock:
+                self._forget_old_jobs()
+                # the gauge counts what the books hold, not only what this run earned (as
+                # /status does)
+                self.metrics.earned.set(self._earned_wei())
+            self._saved_block = self._next_block
+            self._api_server = None
+            self._withdrawing = False
+            self._withdraw_lock = threading.Lock()  # one requestWithdraw for calls that overlap
+            self._min_stake = 0
+            self._api_socket = self._bind_api()  # last: nothing after it fails to close it
+        except BaseException:  # the dir free again for the start that follows
+            self._dir_lock.close()
+            raise
 
     # -- persistence ------------------------------------------------------------------
 
@@ -520,6 +558,18 @@ class Worker:
             self._blob_pool.shutdown(wait=True)
             self._save_state()
             self._stop_api()
+            self._dir_lock.close()  # the data dir free for the next start
+
+    def close(self) -> None:
+        """Free what a worker that is not running holds: its pools, the API's socket if the
+        API never started, its chain client and the data dir's lock (`run` frees the lock
+        itself when it ends), so that another worker may start on the dir. Idempotent."""
+        self._pool.shutdown(wait=True)
+        self._blob_pool.shutdown(wait=True)
+        if self._api_server is None and self._api_socket is not None:
+            self._api_socket.close()
+        self.chain.close()
+        self._dir_lock.close()
 
     def _retry(self, fn, *args, attempts: int = 8):
         """Call fn, retrying transient network errors with exponential backoff."""
@@ -541,14 +591,17 @@ class Worker:
         that block: giving up sooner let the claim expire (a 10 % stake cut) or left the
         fee unpaid. An unreachable chain node is waited for (no head, no deadline known to
         have passed). The outage is logged once, and its end; a stop request ends the
-        retries (a restart resumes the job, which the chain names as this worker's)."""
+        retries with StoppedHolding (a restart resumes the job, which the chain names as this
+        worker's)."""
         delay, outage_since = 0.1, None
         while True:
             try:
                 result = fn(*args)
             except Exception as err:
-                if not is_transient(err) or self._head > last_block or self._stop.is_set():
+                if not is_transient(err) or self._head > last_block:
                     raise
+                if self._stop.is_set():
+                    raise StoppedHolding(f"stopped while {fn.__name__} was retried") from err
                 self.metrics.chain_errors.inc()
                 if outage_since is None:
                     outage_since = time.monotonic()
@@ -669,9 +722,7 @@ class Worker:
         for job_id in unknown:
             job = self.chain.job(job_id)
             if job.worker == self.address and job.status in (JOB_CLAIMED, JOB_COMMITTED):
-                with self._lock:
-                    self.jobs.append(JobRecord(job_id, job.batch, job.m, job.k, job.n,
-                                               job.fee_wei, "claimed"))
+                self._take_up(job)
         for record in list(self.jobs):
             if record.stage in FINISHED:
                 continue
@@ -684,6 +735,19 @@ class Worker:
             self._tasks += 1
             start = "finalize" if job.status == JOB_COMMITTED else "compute"
             self._pool.submit(self._process, record, job, start)
+
+    def _take_up(self, job: Job) -> None:
+        """Book a job the chain names as this worker's claim or commit and that no saved
+        record has in flight: under its latest record again if that one says "error" (the
+        job given up while its claim stood, e.g. by an older version stopped in an outage: a
+        new record listed it twice, as an error and as resumed), else under a new one."""
+        with self._lock:
+            latest = next((r for r in reversed(self.jobs) if r.job_id == job.job_id), None)
+            if latest is not None and latest.stage == "error":
+                latest.stage, latest.detail, latest.seconds = "claimed", "", None
+                return
+            self.jobs.append(JobRecord(job.job_id, job.batch, job.m, job.k, job.n,
+                                       job.fee_wei, "claimed"))
 
     def _settle_after_restart(self, record: JobRecord, job: Job) -> None:
         """A saved job in flight that is no longer this worker's claim or commit: the
@@ -882,7 +946,10 @@ class Worker:
         """Claim the job: the claim's deadline (the last block its commit may land in); None
         if another worker has it. A revert may also mean that an earlier send of this claim,
         whose answer a network error lost, was mined before its retry: the job is then this
-        worker's, and dropping it would let it expire (a 10 % stake cut)."""
+        worker's, and dropping it would let it expire (a 10 % stake cut). None unsent if the
+        stake's withdrawal was requested since the job was taken (`_left_for_withdrawal`)."""
+        if self._left_for_withdrawal([record]):
+            return None
         try:
             receipt = self._retry(self.chain.send_with_gas, CLAIM_GAS, "claimJob",
                                   record.job_id)
@@ -891,14 +958,31 @@ class Worker:
             job = self._retry(self.chain.job, record.job_id)
             if job.worker != self.address or job.status != JOB_CLAIMED:
                 log.info("claim of job %d lost: %s", record.job_id, err)
-                with self._lock:
-                    self.jobs.remove(record)
+                self._drop([record])
                 return None
             log.info("job %d: claimed by an earlier send of this claim", record.job_id)
             deadline = job.deadline
         self._set_stage(record, "claimed")
         self.metrics.jobs.labels("claimed").inc()
         return deadline
+
+    def _drop(self, records: list[JobRecord]) -> None:
+        """Take jobs that never became this worker's out of its books."""
+        dropped = {id(r) for r in records}
+        with self._lock:
+            self.jobs = [r for r in self.jobs if id(r) not in dropped]
+
+    def _left_for_withdrawal(self, records: list[JobRecord]) -> bool:
+        """Whether the stake's withdrawal was requested since these jobs, not claimed yet,
+        were taken: the chain refuses claims and commitJobs from then on, so sending one
+        only paid for its revert. They are dropped, open for other workers, as a claim
+        another worker won."""
+        if not self._withdrawing:
+            return False
+        log.info("job(s) %s left open: the stake's withdrawal was requested",
+                 ", ".join(str(r.job_id) for r in records))
+        self._drop(records)
+        return True
 
     def _process(self, record: JobRecord, job: Job, start: str) -> None:
         """Take a job from `start` (claim, compute or finalize) to its verdict. Operands are
@@ -934,6 +1018,8 @@ class Worker:
             log.warning("job %d: %s", record.job_id, err)
             self._set_stage(record, "expired", str(err))
             self.metrics.jobs.labels("expired").inc()
+        except StoppedHolding as err:  # saved in flight when the run ends
+            log.info("job %d left for a restart to resume: %s", record.job_id, err)
         except Exception as err:  # noqa: BLE001 - one bad job must not kill the node
             log.exception("job %d failed", record.job_id)
             self._set_stage(record, "error", f"{type(err).__name__}: {err}")
@@ -967,10 +1053,14 @@ class Worker:
                     ready.append((record, job))
                 else:  # not committed: skipped, nothing lost
                     self._skip(record, err)
-            if not ready:
+            if not ready or self._left_for_withdrawal([r for r, _ in ready]):
                 return
             mark("worker computed")
             ids = [j.job_id for _, j in ready]
+            # the records on disk before the commit goes out: its verdicts come back with it,
+            # and a crash before their save left no trace of the jobs (no claim in flight for
+            # a restart to look for), paid but missing from the books
+            self._save_state()
             posted = True  # from here on, the commit may be on the chain whatever we hear
             commit = self._upload_and_commit(ids, results)
             t0 = time.perf_counter()
@@ -1003,6 +1093,8 @@ class Worker:
             self.metrics.jobs.labels("committed").inc(len(committed))
             if committed:
                 self._finalize_all(committed, receipt["blockNumber"], finalized, t0)
+        except StoppedHolding as err:  # saved in flight when the run ends
+            log.info("batch of %d jobs left for a restart to settle: %s", len(records), err)
         except Exception as err:  # noqa: BLE001 - one bad batch must not kill the node
             if isinstance(err, TxReverted):
                 log.warning("batch commit reverted: %s", err)
@@ -1071,7 +1163,7 @@ class Worker:
         if sum(c.nbytes for c in results) > PRESIGN_BYTES:
             c_ids = self._retry(self.chain.put_arrays, results)
             mark("worker uploaded")
-            return self._retry(self.chain.post_with_gas, gas, "commitJobs", job_ids, c_ids)
+            return self._post_commit(gas, job_ids, c_ids)
         c_ids, signing = self.chain.put_arrays_signing(
             results, lambda ids: self.chain.sign_with_gas(gas, "commitJobs", job_ids, ids),
             self._blob_pool, put=lambda arrays: self._retry(self.chain.put_arrays, arrays))
@@ -1079,9 +1171,21 @@ class Worker:
         try:
             return self.chain.post_signed(signing.result())
         except Exception as err:  # the nonce is forgotten: signed afresh if worth retrying
-            if not is_transient(err):
+            if not (is_transient(err) or _nonce_taken(err)):
                 raise
+            return self._post_commit(gas, job_ids, c_ids)
+
+    def _post_commit(self, gas: int, job_ids: list[int], c_ids: list[bytes]):
+        """commitJobs signed now and posted (retried on network errors). Signed once more
+        with the node's next nonce if another client with this key took the one it got, as
+        every transaction sent and waited for is (`ChainClient.send`): the node refused the
+        batch's commit, which is only posted, and the batch failed."""
+        try:
             return self._retry(self.chain.post_with_gas, gas, "commitJobs", job_ids, c_ids)
+        except Exception as err:
+            if not _nonce_taken(err):
+                raise
+        return self._retry(self.chain.post_with_gas, gas, "commitJobs", job_ids, c_ids)
 
     def _skip(self, record: JobRecord, err: Exception) -> None:
         """Give up a job before any transaction for it: "skipped" if its operands do not

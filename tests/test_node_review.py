@@ -393,7 +393,7 @@ def test_open_jobs_seen_before_a_restart_are_taken_after_it(node, tmp_path):
         worker._candidates[job_id] = None  # seen, not taken
         worker._save_state()
     finally:
-        worker.chain.close()
+        worker.close()  # the data dir free for the restart
     saved = json.loads((tmp_path / "worker-state.json").read_text())
     assert saved["waiting"] == [job_id] and saved["next_block"] == next_block
 

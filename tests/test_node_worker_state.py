@@ -19,9 +19,7 @@ def worker_on(node, data_dir) -> Worker:
 
 
 def close(worker: Worker) -> None:
-    worker._pool.shutdown()
-    worker._blob_pool.shutdown()
-    worker.chain.close()
+    worker.close()  # the data dir free for the next worker_on
 
 
 def records(count: int) -> list[JobRecord]:
