@@ -12,6 +12,12 @@ def is_positive_int(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | np.integer) and value >= 1
 
 
+def _getitem_overridden(dataset: "Dataset", base: type) -> bool:
+    """Whether a subclass of `base` defines its own __getitem__: a batch indexing base's arrays
+    at once would silently skip it (the DataLoader gave the stored rows, not its examples)."""
+    return type(dataset).__getitem__ is not base.__getitem__
+
+
 class Dataset:
     """A sized collection of examples; subclasses implement __getitem__ and __len__."""
 
@@ -57,7 +63,9 @@ class ArrayDataset(Dataset):
         return len(self.X)
 
     def batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
-        if self.transforms:  # random per-example transforms: one example at a time
+        """The rows at indices at once, unless examples are not the stored rows: random
+        per-example transforms, or a subclass's own __getitem__, go one example at a time."""
+        if self.transforms or _getitem_overridden(self, ArrayDataset):
             return super().batch(indices)
         return (self.X[indices],) if self.y is None else (self.X[indices], self.y[indices])
 
@@ -81,6 +89,8 @@ class NDArrayDataset(Dataset):
         return len(self.arrays[0])
 
     def batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+        if _getitem_overridden(self, NDArrayDataset):  # its examples are its own
+            return super().batch(indices)
         return tuple(a[indices] for a in self.arrays)
 
 

@@ -285,6 +285,7 @@ class BatchNorm1d(Module):
                              f"training, got input of shape {tuple(x.shape)}")
         op = BatchNorm(self.eps)
         out = op(x, self.weight, self.bias)
+        out.realize_cached_data()  # in LAZY_MODE the batch statistics exist once computed
         m = self.momentum
         self.running_mean = Tensor.make_const(self.running_mean.realize_cached_data() * (1 - m)
                                               + op.mean * m)

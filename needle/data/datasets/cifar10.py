@@ -156,8 +156,9 @@ class CIFAR10Dataset(ArrayDataset):
         super().__init__(np.concatenate([x for x, _ in parts]),
                          np.concatenate([y for _, y in parts]), transforms=transforms)
 
-    def __getitem__(self, index):
-        x = self.X[index]
-        if self.transforms:
-            x = self.apply_transforms(x.transpose(1, 2, 0)).transpose(2, 0, 1)
-        return x, self.y[index]
+    def apply_transforms(self, x: np.ndarray) -> np.ndarray:
+        """Transforms see the C x H x W image as H x W x C (examples are ArrayDataset's, so
+        a DataLoader batch without transforms reads the stored rows at once)."""
+        if not self.transforms:
+            return x
+        return super().apply_transforms(x.transpose(1, 2, 0)).transpose(2, 0, 1)

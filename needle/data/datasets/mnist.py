@@ -71,8 +71,9 @@ class MNISTDataset(ArrayDataset):
         X, y, self.image_shape = _parse(image_filename, label_filename)
         super().__init__(X, y, transforms=transforms)
 
-    def __getitem__(self, index):
-        x = self.X[index]
-        if self.transforms:
-            x = self.apply_transforms(x.reshape(*self.image_shape, 1)).reshape(-1)
-        return x, self.y[index]
+    def apply_transforms(self, x: np.ndarray) -> np.ndarray:
+        """Transforms see the flat image as rows x cols x 1 (examples are ArrayDataset's, so
+        a DataLoader batch without transforms reads the stored rows at once)."""
+        if not self.transforms:
+            return x
+        return super().apply_transforms(x.reshape(*self.image_shape, 1)).reshape(-1)
