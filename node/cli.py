@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -229,21 +230,45 @@ def _check_writable(path: Path, force: bool) -> None:
         _fail(f"output {path} is not writable: directory {path.parent} is read-only to you")
 
 
-def _save(path: Path, array: np.ndarray) -> None:
+def _save(path: Path, array: np.ndarray, force: bool) -> None:
     """Write `array` as .npy to exactly `path` (`np.save` given a name would add `.npy`),
     through a temporary file beside it: a failed write leaves no partial file, and an
     existing `path` as it was. A replaced file keeps its permission bits, as when
-    overwritten in place."""
+    overwritten in place. Without `force`, a file that appeared at `path` while the job ran
+    (another command writing the same output) is not replaced: the result, paid for, is
+    kept in the temporary file and the error names it."""
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
         with part.open("wb") as f:
             np.save(f, array)
+        if not force:
+            _place_new(part, path)
+            return
         if path.exists():
             os.chmod(part, stat.S_IMODE(path.stat().st_mode))
         os.replace(part, path)
+    except FileExistsError:
+        _fail(f"output {path} was created by something else while the job ran; not "
+              f"overwritten: the result is in {part}")
     except OSError as err:
         part.unlink(missing_ok=True)
         _fail(f"cannot write {path}: {err}")
+
+
+def _place_new(part: Path, path: Path) -> None:
+    """Rename `part` to `path`, or FileExistsError if `path` exists: a hard link creates the
+    name or fails at once, where checking then renaming would replace a file created in
+    between. A file system without hard links gets the check, then the rename."""
+    try:
+        os.link(part, path)
+    except OSError as err:  # FileExistsError (EEXIST) goes up as it is
+        if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, "exists", str(path)) from err
+        os.replace(part, path)
+        return
+    part.unlink()
 
 
 def _load_operand(path: Path) -> np.ndarray:
@@ -254,7 +279,7 @@ def _load_operand(path: Path) -> np.ndarray:
                 _fail(f"{path} is not a .npy array file (numpy.save writes one)")
             f.seek(0)
             return np.load(f, allow_pickle=False)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, MemoryError) as err:  # a header's shape too large for memory
         _fail(f"cannot read operand {path}: {err}")
 
 
@@ -406,7 +431,7 @@ def submit(
             _fail(str(err) or "interrupted", code=(128 + signal.SIGTERM) if terminated else 130)
         finally:
             client.close()
-    _save(output, c)
+    _save(output, c, force)
     console.print(f"wrote {output} {c.shape} {c.dtype}: verified on chain and by this client")
 
 
@@ -476,7 +501,7 @@ def fetch(
                   f"{err.args[0] if err.args else err}")  # a KeyError's str() adds quotes
     finally:
         market.close()
-    _save(output, c)
+    _save(output, c, force)
     console.print(f"wrote {output} {c.shape} {c.dtype}: job {job_id}'s result, verified on "
                   "chain")
 

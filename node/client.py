@@ -300,7 +300,8 @@ class JobClient:
         except Exception as err:
             if signing:
                 self.market.client.forget_nonce()  # in case signing failed after its nonce
-            message = f"{type(err).__name__}: {err}"
+            message = f"{node_refusal(err)} (account {self.address})" \
+                if isinstance(err, Web3RPCError) else f"{type(err).__name__}: {err}"
             if signed is not None and is_transient(err):  # it may have reached the node
                 message += (f"; the submission (transaction 0x{keccak(signed[1]).hex()}) may "
                             "still open the jobs: `needle-net jobs` lists them and "
