@@ -544,7 +544,7 @@ def jobs(
     Example: [bold]needle-net jobs --limit 5[/bold]
     """
     from chain.devnet import dev_account
-    from node.market import PRECISIONS, STATUS_NAMES, Market
+    from node.market import PRECISIONS, STATUS_NAMES, ZERO_ADDRESS, Market
 
     market = Market(rpc_url, dev_account(0))
     table = _table("job", "status", "batch×m×k×n", "precision", "fee (ETH)", "worker")
@@ -554,7 +554,8 @@ def jobs(
             job = market.job(job_id)
             table.add_row(str(job_id), STATUS_NAMES[job.status],
                           f"{job.batch}×{job.m}×{job.k}×{job.n}", PRECISIONS[job.precision],
-                          _eth(job.fee_wei), job.worker)
+                          _eth(job.fee_wei),
+                          "-" if job.worker == ZERO_ADDRESS else job.worker)  # none yet
     finally:
         market.close()
     console.print(table)

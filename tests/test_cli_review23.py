@@ -248,3 +248,14 @@ def test_a_blob_port_equal_to_the_chain_port_is_refused_before_anything_is_made(
     assert chain.returncode == 1
     assert chain.stderr.strip() == f"error: --blob-port must differ from --port ({port})"
     assert not (tmp_path / "chain").exists()
+
+
+def test_jobs_shows_no_worker_for_an_open_job(node):
+    client = JobClient(node.url, dev_account(SUBMITTER))
+    [pending] = client.submit([(np.ones((2, 3), np.float32), np.ones((3, 2), np.float32))])
+    client.close()
+    listed = subprocess.run(_process("jobs", "--limit", "1", "--rpc-url", node.url),
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    [row] = _table_rows(listed.stdout)
+    assert row[:2] == [str(pending.job_id), "open"] and row[-1] == "-", listed.stdout
