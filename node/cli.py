@@ -76,6 +76,8 @@ def _account(keystore: Path | None, password_file: Path | None):
         from chain.devnet import dev_account
 
         return dev_account(0)
+    if not keystore.is_file():  # said first: asking for a password hid a mistyped path
+        raise keys.KeystoreError(f"keystore {keystore} does not exist or is not a file")
     return keys.load_keystore(keystore, keys.read_password(password_file))
 
 
@@ -697,7 +699,10 @@ def stake(
         if value > balance:
             _fail(f"insufficient funds: {market.address} holds {_eth(balance)} ETH, "
                   f"cannot stake {_eth(value)} ETH")
-        withdrawing = market.worker_info(market.address)[1]
+        stake_wei, withdrawing, _ = market.worker_info(market.address)
+        if stake_wei + value < (minimum := market.min_stake()):
+            _fail(f"a stake of {_eth(stake_wei + value)} ETH is below the minimum of "
+                  f"{_eth(minimum)} ETH: stake at least {_eth(minimum - stake_wei)} ETH")
         market.send("register", value=value)
         # registering cancels a pending withdrawal (the contract's rule): said, not silent
         cancelled = f" (the withdrawal requested for block {withdrawing} is cancelled)" \

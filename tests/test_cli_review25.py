@@ -122,3 +122,26 @@ def test_an_operand_declaring_more_than_memory_holds_is_one_error_line(tmp_path)
     line = _one_error_line(_cli("submit", path, path, "-o", tmp_path / "c.npy", "--rpc-url",
                                 "http://127.0.0.1:1"))
     assert line.startswith(f"error: cannot read operand {path}: "), line
+
+
+def test_a_missing_keystore_is_named_before_any_password_is_asked_for(tmp_path, monkeypatch):
+    """With no password given, a mistyped --keystore said only that no password was set."""
+    monkeypatch.delenv("NEEDLE_NET_PASSWORD", raising=False)
+    line = _one_error_line(_cli("balance", "--keystore", tmp_path / "missing.json"))
+    assert "missing.json does not exist" in line, line
+
+
+def test_a_stake_below_the_minimum_names_the_amounts_and_sends_nothing(node, tmp_path):
+    """It sent a register that reverted "stake below minStake" (gas spent, amounts unsaid)."""
+    account = dev_account(POOR)
+    market = Market(node.url, account)
+    try:
+        minimum, nonce = market.min_stake(), market.client.w3.eth.get_transaction_count(
+            account.address)
+        assert market.stake_of(account.address) == 0
+        line = _one_error_line(_cli("stake", "0.01", "--rpc-url", node.url,
+                                    *keystore_options(tmp_path, POOR)))
+        assert f"minimum of {minimum / ETHER:g} ETH" in line, line
+        assert market.client.w3.eth.get_transaction_count(account.address) == nonce
+    finally:
+        market.close()
