@@ -619,6 +619,69 @@ void gemm(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Row vector times matrix, c (1 x p) = a (1 x n) @ b (n x p): every product with m = 1. NDArray
+// sums over leading axes as ones(1, R) @ x(R, C) (a bias gradient over a batch); the GEMM adds
+// each element's n / KC block sums in one float32 chain, which drifts on long sums (4M rows of
+// 0.1 summed 1.5e-4 off, numpy's pairwise sum 1.5e-7). Here slices of rows by blocks of columns
+// add their products in double, and the slices' sums are added in a fixed order, as the CUDA
+// module's one-row path and reduce_sum do: the same result for any number of threads.
+
+constexpr int64_t kRowColumns = 256;        // a task's double sums: 2 KiB, in L1
+constexpr int64_t kRowSliceRows = 4096;     // rows per slice, or more where p is wide
+constexpr int64_t kRowSliceSums = 1 << 20;  // slices * p doubles: 8 MiB at most
+
+// acc[0:width] = a[k0:k1] @ b[k0:k1, j0:j0+width], added up in double.
+void add_row_slice(const scalar_t* a, const scalar_t* b, int64_t p, int64_t k0, int64_t k1,
+                   int64_t j0, int64_t width, double* acc) {
+  std::fill(acc, acc + width, 0.0);
+  for (int64_t k = k0; k < k1; ++k) {
+    const double x = a[k];
+    const scalar_t* row = b + k * p + j0;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) acc[j] += x * row[j];
+  }
+}
+
+void row_vector_matmul(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t n, int64_t p) {
+  const int64_t slices =
+      std::clamp<int64_t>(std::min((n + kRowSliceRows - 1) / kRowSliceRows, kRowSliceSums / p),
+                          1, n);
+  const int64_t slice_rows = (n + slices - 1) / slices;
+  const int64_t blocks = (p + kRowColumns - 1) / kRowColumns, tasks = slices * blocks;
+  std::vector<double> sums(static_cast<size_t>(slices > 1 ? slices * p : 0));
+  const int threads = team_size(2 * n * p >= kParallelFlops && tasks > 1);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t slice = task / blocks, j0 = task % blocks * kRowColumns;
+    const int64_t width = std::min(kRowColumns, p - j0);
+    double acc[kRowColumns];
+    add_row_slice(a, b, p, slice * slice_rows, std::min(n, (slice + 1) * slice_rows), j0, width,
+                  acc);
+    if (slices == 1) {
+      std::copy(acc, acc + width, c + j0);  // rounds to float32
+    } else {
+      std::copy(acc, acc + width, sums.data() + slice * p + j0);
+    }
+  }
+  if (slices == 1) return;
+  for (int64_t j = 0; j < p; ++j) {
+    double total = 0.0;
+    for (int64_t slice = 0; slice < slices; ++slice) total += sums[slice * p + j];
+    c[j] = static_cast<scalar_t>(total);
+  }
+}
+
+// c (m x p) = a (m x n) @ b (n x p) on the path for its shape; n > 0.
+void matmul_into(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n,
+                 int64_t p) {
+  if (m == 1) {
+    row_vector_matmul(a, b, c, n, p);
+  } else {
+    gemm(a, b, c, m, n, p);
+  }
+}
+
 void matmul(const AlignedArray& a, const AlignedArray& b, AlignedArray& out, int64_t m, int64_t n,
             int64_t p) {
   if (m < 0 || n < 0 || p < 0) {
@@ -643,12 +706,12 @@ void matmul(const AlignedArray& a, const AlignedArray& b, AlignedArray& out, int
   if (m == 0 || p == 0) return;
   const bool aliased = out.ptr() == a.ptr() || out.ptr() == b.ptr();
   py::gil_scoped_release release;
-  if (aliased) {  // the GEMM writes C while it still reads A and B
+  if (aliased) {  // both paths write C while they still read A and B
     auto result = aligned_buffer(static_cast<size_t>(out.size));
-    gemm(a.ptr(), b.ptr(), result.get(), m, n, p);
+    matmul_into(a.ptr(), b.ptr(), result.get(), m, n, p);
     std::copy(result.get(), result.get() + out.size, out.ptr());
   } else {
-    gemm(a.ptr(), b.ptr(), out.ptr(), m, n, p);
+    matmul_into(a.ptr(), b.ptr(), out.ptr(), m, n, p);
   }
 }
 
