@@ -18,15 +18,17 @@ from test_backend_cpu import flat, to_array  # noqa: E402 (after the skip: the m
 RNG = np.random.default_rng(25)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cpu_numpy"])
 @pytest.mark.parametrize(
     "rows, cols, value", [(1 << 22, 1, 0.1), (1 << 20, 4, 1 / 3)], ids=["column", "four-columns"]
 )
-def test_sum_over_leading_axes_is_as_accurate_as_a_full_sum(rows, cols, value):
-    """x.sum(axis=0) runs as ones(1, R) @ x on the cpu module, whose GEMM added each output's
-    R / 256 block sums in one float32 chain: 4M rows of 0.1 summed 1.5e-4 off (x.sum() and
-    numpy's pairwise sum 1.5e-7), where the CUDA module's one-row path adds in double."""
+def test_sum_over_leading_axes_is_as_accurate_as_a_full_sum(rows, cols, value, device):
+    """x.sum(axis=0) runs as ones(1, R) @ x, which the cpu module's GEMM added as R / 256
+    block sums in one float32 chain: 4M rows of 0.1 summed 1.5e-4 off (x.sum() and numpy's
+    pairwise sum 1.5e-7; the numpy backend's float32 matmul 2.7e-3 off at 10^7 rows), where
+    the CUDA module's one-row path adds in double."""
     x = np.full((rows, cols), value, dtype=np.float32)
-    got = nd.NDArray(x, device=nd.cpu()).sum(axis=0).numpy()
+    got = nd.NDArray(x, device=getattr(nd, device)()).sum(axis=0).numpy()
     exact = x.astype(np.float64).sum(axis=0)
     np.testing.assert_array_less(np.abs(got - exact), 2.0**-23 * exact)
 

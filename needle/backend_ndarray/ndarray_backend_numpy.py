@@ -149,7 +149,10 @@ def matmul(a: Array, b: Array, out: Array, m: int, n: int, p: int) -> None:
             f"do not fit m={m}, n={n}, p={p}"
         )
     with np.errstate(all="ignore"):  # inf and NaN as IEEE gives them, as in C++
-        np.matmul(a.array.reshape(m, n), b.array.reshape(n, p), out=out.array.reshape(m, p))
+        if m == 1:  # sums over leading axes (ones(1, R) @ x): added in double, as in C++
+            out.array[:] = a.array.astype(np.float64) @ b.array.reshape(n, p).astype(np.float64)
+        else:
+            np.matmul(a.array.reshape(m, n), b.array.reshape(n, p), out=out.array.reshape(m, p))
 
 
 def _groups(a: Array, out: Array, reduce_size: int) -> np.ndarray:
