@@ -86,7 +86,7 @@ def test_sum_over_leading_axes_of_many_rows_is_not_stuck_at_2_24():
     """NDArray sums leading axes as ones(1, R) @ x(R, C) with the device's matmul. The CUDA
     sgemm added each output's R products in one float32 chain, which stops growing at 2^24 when
     the terms are ones: 2^25 ones summed to 16777216 (half the answer), where numpy and the cpu
-    backend (which adds blocks of 256) give 33554432."""
+    backend give 33554432."""
     rows = 1 << 25
     x = nd.NDArray(np.ones((rows, 1), dtype=np.float32), device=nd.cuda())
     np.testing.assert_array_equal(x.sum(axis=0).numpy(), np.array([rows], dtype=np.float32))
