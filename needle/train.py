@@ -241,15 +241,18 @@ def build_schedule(args, optimizer):
 
 
 def write_metrics(history: list[dict[str, float]], path: str) -> None:
-    """Per-epoch metrics as JSON (a list of objects) or CSV, chosen by the file's suffix."""
-    if path.endswith(".json"):
-        with open(path, "w") as f:
+    """Per-epoch metrics as JSON (a list of objects) or CSV, chosen by the file's suffix.
+    Written beside `path` and renamed over it: an interruption mid-write leaves the previous
+    log whole, for a resumed run to read back (a torn one it would refuse)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="") as f:
+        if path.endswith(".json"):
             json.dump(history, f, indent=1)
-        return
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
+        else:
+            writer = csv.DictWriter(f, fieldnames=list(history[0]))
+            writer.writeheader()
+            writer.writerows(history)
+    os.replace(tmp, path)
 
 
 def read_metrics(path: str, epochs: int) -> list[dict[str, float]]:
@@ -409,10 +412,12 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
                         **{f"test_{k}": v for k, v in test.items()}})
         if schedule:
             schedule.step()
-        if args.save:
-            checkpoint.save(args.save, model, optimizer, train={"epochs": np.int64(n)})
+        # the log before the checkpoint: a run stopped between the two then logged every epoch
+        # the checkpoint holds (a resumed run rewrites any later one), not one epoch fewer
         if args.log:
             write_metrics(logged + history, args.log)
+        if args.save:
+            checkpoint.save(args.save, model, optimizer, train={"epochs": np.int64(n)})
     if args.plot and history:
         plot_metrics(logged + history, args.plot)
     return history

@@ -126,14 +126,19 @@ class DataParallel(Module):
             for k, bucket in enumerate(self._buckets)
             for j, (param, offset) in enumerate(zip(bucket.params, bucket.offsets, strict=True))
         }
-        # the wrapped module itself may be the BatchNorm: children() leaves it out
-        self._norms = [m for m in (module, *module.children()) if isinstance(m, BatchNorm1d)]
         self._stats = self.comm.zeros(2 * sum(m.dim for m in self._norms))
         self._sync: _Sync | None = None  # set while gradients are being synchronised
         if overlap:
             for param in params:
                 param.register_grad_ready_hook(self._grad_ready)
         self.broadcast_parameters()
+
+    @property
+    def _norms(self) -> list[BatchNorm1d]:
+        """The wrapped module's BatchNorm layers (it may be one itself: children() leaves it out).
+        Found on each use, not kept in an attribute: Module's walk over attributes would put
+        each of them into state_dict() a second time, under a name the bare model lacks."""
+        return [m for m in (self.module, *self.module.children()) if isinstance(m, BatchNorm1d)]
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

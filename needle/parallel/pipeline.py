@@ -84,6 +84,8 @@ class Pipeline:
             raise ValueError(f"micro_batches must be at least 1, got {micro_batches}")
         if comm is not None and comm.size != len(stages):
             raise ValueError(f"{len(stages)} stages need {len(stages)} ranks, got {comm.size}")
+        if comm is not None:
+            _refuse_weights_tied_across_stages(stages)
         self.comm = comm
         self.devices = list(devices)
         self.micro_batches = micro_batches
@@ -176,6 +178,23 @@ class Pipeline:
 
     def _tag(self, m: int, phase: str) -> int:
         return 2 * m + (phase == "B")
+
+
+def _refuse_weights_tied_across_stages(stages: Sequence[Module]) -> None:
+    """With one stage per rank, a weight two stages share (tied embeddings, say) is a copy on
+    each of their ranks, updated from that rank's stage's gradient alone: the copies would drift
+    apart, silently, from the model trained in one process. Every rank builds every stage, so
+    every rank finds the same tie and raises, before any message."""
+    owner: dict[int, int] = {}
+    for s, stage in enumerate(stages):
+        for param in stage.parameters():
+            first = owner.setdefault(id(param), s)
+            if first != s:
+                raise ValueError(
+                    f"stages {first} and {s} share a parameter (a tied weight): with one stage "
+                    "per rank each rank would train its own copy of it; untie it, or run the "
+                    "stages in one process (comm=None), where it gets both stages' gradients"
+                )
 
 
 @contextlib.contextmanager
