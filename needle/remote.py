@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 DEFAULT_RPC_URL = "http://127.0.0.1:8545"
+RPC_URL_ENV = "NEEDLE_NET_RPC"  # the chain node's URL where `rpc_url` is not given
 
 
 class MatmulExecutor(Protocol):
@@ -164,13 +166,14 @@ class Network:
     `key` is a private key (hex or bytes) or an eth-account LocalAccount; by default the
     first development account of the local dev network. `fee_wei` is paid per job,
     `timeout` (seconds) bounds each wait, and `local_check` re-runs Freivalds' check on
-    the client as well as trusting the chain's verdict. With no chain node at `rpc_url` it
-    raises a ConnectionError that says how to start one.
+    the client as well as trusting the chain's verdict. `rpc_url` defaults to
+    `$NEEDLE_NET_RPC`, else the local node (as the CLI's `--rpc-url`). With no chain node
+    there it raises a ConnectionError that says how to start one.
     """
 
     def __init__(
         self,
-        rpc_url: str = DEFAULT_RPC_URL,
+        rpc_url: str | None = None,
         key=None,
         *,
         fee_wei: int | None = None,
@@ -181,6 +184,8 @@ class Network:
         from node.client import JobClient
         from node.market import is_transient
 
+        if rpc_url is None:  # as the CLI's --rpc-url: the environment, else a local node
+            rpc_url = os.environ.get(RPC_URL_ENV) or DEFAULT_RPC_URL
         try:
             self.client = JobClient(
                 rpc_url, key, fee_wei=fee_wei, timeout=timeout, local_check=local_check,

@@ -154,3 +154,14 @@ def test_a_large_job_nobody_claimed_names_its_deadline(node, n, hinted):
         client.close()
     assert ("a larger --deadline (timeout_blocks) lets them" in str(caught.value)) == hinted
     assert "3 blocks after the claim" in str(caught.value) or not hinted
+
+
+def test_network_without_a_url_uses_needle_net_rpc_as_the_cli_does(node, monkeypatch):
+    """The CLI's --rpc-url falls back to $NEEDLE_NET_RPC (compose sets it); Network() went
+    to 127.0.0.1:8545 whatever it said."""
+    monkeypatch.setenv("NEEDLE_NET_RPC", node.url)
+    network = Network(timeout=5)
+    try:
+        assert network.client.market.client.url == node.url
+    finally:
+        network.close()
