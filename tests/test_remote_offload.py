@@ -110,3 +110,31 @@ def test_nested_contexts_and_no_leak_after_error():
         assert remote.active_offload().executor is outer
     assert remote.active_offload() is None
     assert len(outer.shapes) == 1 and len(inner.shapes) == 1
+
+
+def test_convolutions_are_offloaded_forward_and_backward(device):
+    """A CNN under offload(...) sent only its linear layers: conv multiplied with NDArray's @
+    directly. Now the forward product, the input gradient (itself a conv) and the kernel
+    gradient go to the executor, and equal the local computation."""
+    rng = np.random.default_rng(2)
+    x_np = rng.standard_normal((2, 6, 6, 3)).astype(np.float32)
+    k_np = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)
+
+    def run():
+        x = ndl.Tensor(x_np, device=device, requires_grad=True)
+        k = ndl.Tensor(k_np, device=device, requires_grad=True)
+        y = ndl.ops.conv(x, k, stride=1, padding=1)
+        ndl.ops.summation(y * y).backward()
+        return y.numpy(), x.grad.numpy(), k.grad.numpy()
+
+    local = run()
+    executor = RecordingExecutor()
+    with remote.offload(executor) as policy:
+        offloaded = run()
+    # forward: (2*6*6, 27) @ (27, 4); input gradient: a conv with the flipped kernel,
+    # (72, 36) @ (36, 3); kernel gradient: (4, 72) @ (72, 27)
+    assert sorted(executor.shapes) == sorted([((72, 27), (27, 4)), ((72, 36), (36, 3)),
+                                              ((4, 72), (72, 27))])
+    assert policy.offloaded == 3
+    for got, want in zip(offloaded, local, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -1,4 +1,7 @@
-"""Convolution and the ops its gradient is built from (flip, dilate, undilate)."""
+"""Convolution and the ops its gradient is built from (flip, dilate, undilate).
+
+Its products (im2col @ kernel, and the kernel gradient's) go through MatMul.compute, so remote
+offload sees a CNN's convolutions as it sees its linear layers."""
 
 from __future__ import annotations
 
@@ -6,7 +9,10 @@ from numbers import Integral
 
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_ndarray.ndarray import _normalize_axes
+from .ops_mathematic import MatMul
 from .ops_shape import getitem, scatter_into_zeros, transpose
+
+_MATMUL = MatMul()
 
 __all__ = [
     "Flip",
@@ -127,7 +133,7 @@ class Conv(TensorOp):
             )
         kh, kw, c_in, c_out = b.shape
         cols, out_shape = _im2col(a, kh, kw, self.stride, self.padding)
-        out = cols @ b.compact().reshape((kh * kw * c_in, c_out))
+        out = _MATMUL.compute(cols, b.compact().reshape((kh * kw * c_in, c_out)))
         return out.reshape(out_shape + (c_out,))
 
     def gradient(self, out_grad, node):
@@ -180,7 +186,7 @@ class ConvKernelGrad(TensorOp):
         cols, (n, h_out, w_out) = _im2col(a, kh, kw, self.stride, self.padding)
         c_out = out_grad.shape[3]
         grad_rows = out_grad.reshape((n * h_out * w_out, c_out)).permute((1, 0))
-        kernel_grad = (grad_rows @ cols).reshape((c_out, kh, kw, a.shape[3]))
+        kernel_grad = _MATMUL.compute(grad_rows, cols).reshape((c_out, kh, kw, a.shape[3]))
         return kernel_grad.permute((1, 2, 3, 0))
 
     def gradient(self, out_grad, node):
