@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import mmap
 import os
 import socket
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -52,6 +54,8 @@ from chain.blobhttp import (
 )
 from chain.blobs import BlobStore, BlobTooLarge, parse_id
 
+log = logging.getLogger(__name__)
+
 RECV_BYTES = 1 << 20  # an upload is received into pool buffers of this size
 POOL_BYTES = 64 << 20  # idle receive buffers kept, at most
 DIRECT_READ_BYTES = 1 << 20  # downloads from this size are read with O_DIRECT
@@ -60,12 +64,27 @@ READ_THREADS = 16  # reader threads shared by all downloads
 RECENT_BYTES = 256 << 20  # the latest large uploads kept in their receive buffers, at most
 HEAD_LIMIT = 16 << 10  # request line and headers, at most
 MAX_CONNECTIONS = 256  # one thread each; more are answered 503
+# from one remote address, at most (more are answered 503): one client held them all, and
+# every other was refused. The rest stays for other addresses. A host's clients share it
+# (a devnet's all come from 127.0.0.1): a worker holds up to 16 (one per job and upload
+# thread), a client 16, so a devnet of 13 workers on one host fits, as 15 did before
+MAX_CONNECTIONS_PER_ADDRESS = MAX_CONNECTIONS - MAX_CONNECTIONS // 8
 IDLE_TIMEOUT = 120.0  # a connection silent this long (between or inside requests) is closed
+ACCEPT_RETRY_S = 1.0  # after a failed accept (out of file descriptors), as asyncio waits
 # the node's and the worker's uvicorn servers (`BoundedHttpProtocol`): a request's line and
 # headers, at most, and the seconds they may take from their first byte (or the connection's
 # start); browsers' cookies for localhost, shared by every port there, can fill 16 KiB
 UVICORN_HEAD_LIMIT = 64 << 10
 HEAD_TIMEOUT = 30.0
+# ... their connections at once, and from one remote address (more are answered 503 and
+# closed as they open; `chain up --max-connections`): each holds a file descriptor, and a
+# client that opened thousands ran the process out of them (the node's blob uploads and
+# the blob listener's accepts then failed). A worker or a client holds about 20 (a
+# keep-alive connection per thread, long polls included), so a devnet with dozens of them
+# on one host is far below. Not uvicorn's limit_concurrency: it answers 503 to every
+# request, on established connections too, once that many connections are open (idle
+# ones count), so whoever held them shut every worker out.
+UVICORN_MAX_CONNECTIONS = 1024
 
 
 class BadRequest(ValueError):
@@ -394,12 +413,31 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     `HEAD_TIMEOUT` s of their first byte or of the connection's start (then closed). uvicorn
     bounds neither: the parser kept an endless header line in memory (a client grew the node
     by 225 MB in a second, without end), and a connection that never finished its headers
-    was held for good."""
+    was held for good. Connections beyond `max_connections`, or beyond half of them from one
+    address, are answered 503 and closed as they open (`bounded_http` sets another bound);
+    the established ones are served on."""
+
+    max_connections = UVICORN_MAX_CONNECTIONS
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self.reading_head, self.head_bytes = True, 0
+        self.reading_head, self.head_bytes, self.head_timer = True, 0, None
+        if (refusal := self._over_limit()) is not None:
+            self._refuse_head(503, refusal)
+            return
         self.head_timer = self.loop.call_later(HEAD_TIMEOUT, self._head_too_slow)
+
+    def _over_limit(self) -> str | None:
+        """Why this new connection is refused (None: it is not): over `max_connections`,
+        or over half of them from its address."""
+        if len(self.connections) > self.max_connections:
+            return f"over {self.max_connections} connections"
+        if not self.client:
+            return None
+        address, per_address = self.client[0], max(self.max_connections // 2, 1)
+        same = sum(1 for c in self.connections if (getattr(c, "client", None) or ("",))[0]
+                   == address)
+        return f"over {per_address} connections from {address}" if same > per_address else None
 
     def data_received(self, data: bytes) -> None:
         if self.reading_head:
@@ -447,6 +485,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+def bounded_http(max_connections: int) -> type[BoundedHttpProtocol]:
+    """`BoundedHttpProtocol` with `max_connections` in place of UVICORN_MAX_CONNECTIONS."""
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
+                {"max_connections": max_connections})
+
+
 class BlobServer:
     """Serves `store` at `http://host:port/blobs` (port 0: any free one; `port` is then
     the real one), or on `listener`, a socket from `listen`, until `close()`."""
@@ -459,6 +503,7 @@ class BlobServer:
         self.listener = listener or listen(host, port)
         self.port: int = self.listener.getsockname()[1]
         self.connections: set[socket.socket] = set()
+        self.per_address: dict[str, int] = {}  # open connections by remote address
         self.pool = BufferPool()
         self.recent = RecentUploads(self.pool, recent_bytes)
         self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="blob-read")
@@ -495,24 +540,48 @@ class BlobServer:
     def _accept(self) -> None:
         while not self.closed:
             try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return  # closed
+                sock, remote = self.listener.accept()
+            except OSError as exc:
+                if self.closed:
+                    return
+                # out of file descriptors (EMFILE) or memory: the connection waits in the
+                # backlog; returning here stopped the listener until the node restarted
+                log.warning("blob listener cannot accept (%s); retrying", exc)
+                time.sleep(ACCEPT_RETRY_S)
+                continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(IDLE_TIMEOUT)
-            with self.lock:
-                busy = len(self.connections) >= MAX_CONNECTIONS
-                if not busy:
-                    self.connections.add(sock)
-            if busy:
-                _reply(sock, 503, {"error": f"over {MAX_CONNECTIONS} blob connections"}, False,
-                       identity=self.identity)
+            if (refusal := self._admit(sock, remote[0])) is not None:
+                try:
+                    _reply(sock, 503, {"error": refusal}, False, identity=self.identity)
+                except OSError:
+                    pass  # its client is gone already
                 sock.close()
                 continue
-            threading.Thread(target=self._serve, args=(sock,), name="blob-connection",
-                             daemon=True).start()
+            threading.Thread(target=self._serve, args=(sock, remote[0]),
+                             name="blob-connection", daemon=True).start()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket, address: str) -> str | None:
+        """Count a new connection from `address` in; why it is refused if it is over a
+        limit (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS)."""
+        with self.lock:
+            if len(self.connections) >= MAX_CONNECTIONS:
+                return f"over {MAX_CONNECTIONS} blob connections"
+            if self.per_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
+                return f"over {MAX_CONNECTIONS_PER_ADDRESS} blob connections from {address}"
+            self.connections.add(sock)
+            self.per_address[address] = self.per_address.get(address, 0) + 1
+            return None
+
+    def _release(self, sock: socket.socket, address: str) -> None:
+        with self.lock:
+            self.connections.discard(sock)
+            if self.per_address[address] == 1:
+                del self.per_address[address]
+            else:
+                self.per_address[address] -= 1
+
+    def _serve(self, sock: socket.socket, address: str) -> None:
         stream = _Stream(sock, self.pool)
         try:
             while (head := stream.read_head()) is not None:
@@ -526,8 +595,7 @@ class BlobServer:
         except (OSError, ConnectionAbortedError, BadRequest):
             return  # the client went away, timed out or sent garbage: nothing to answer
         finally:
-            with self.lock:
-                self.connections.discard(sock)
+            self._release(sock, address)
             sock.close()
 
     def _handle(self, stream: _Stream, request: _Request) -> bool:

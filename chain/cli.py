@@ -42,6 +42,11 @@ def up(
         help="Memory for the latest large uploads, whose downloads (workers fetching the "
              "operands just uploaded) are then sent without a disk read, MiB; 0: off.",
         min=0)] = 256,
+    max_connections: Annotated[int | None, typer.Option(
+        help="JSON-RPC connections open at once, half of them from one address; more are "
+             "answered 503 and closed (a worker or a client holds about 20). Default: "
+             "chain.blobserver.UVICORN_MAX_CONNECTIONS (1024).", show_default=False,
+        min=2)] = None,
     log_level: Annotated[LogLevel, typer.Option(help="Python/uvicorn log level.",
                                                 case_sensitive=False)] = LogLevel.warning,
 ) -> None:
@@ -51,7 +56,7 @@ def up(
     import uvicorn
     from eth_utils import to_checksum_address
 
-    from chain.blobserver import BlobServer, BoundedHttpProtocol
+    from chain.blobserver import UVICORN_MAX_CONNECTIONS, BlobServer, bounded_http
     from chain.db import DataDirError
     from chain.node import Node, NodeConfig
     from chain.rpc import create_app
@@ -81,7 +86,8 @@ def up(
     app = create_app(node)
     app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level,
-                                           http=BoundedHttpProtocol))
+                                           http=bounded_http(max_connections
+                                                             or UVICORN_MAX_CONNECTIONS)))
     node.start()
     blobs.start()
     # uvicorn catches SIGTERM, shuts down, then raises it again for the handler it found:

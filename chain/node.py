@@ -56,7 +56,10 @@ log = logging.getLogger(__name__)
 MAX_FUTURE_NONCES = 1024
 ADMISSION_POLL_S = 0.0005
 PRIORITY_FEE = 10**9  # the tip eth_gasPrice and eth_maxPriorityFeePerGas suggest
-RECENT_BLOCKS = 64  # sealed blocks kept with their receipts for the long polls
+RECENT_BLOCKS = 64  # sealed blocks kept with their receipts for the long polls, at most
+# what a kept transaction with its receipt holds besides its calldata and its logs' data and
+# topics (py-evm's objects, roughly): the recent blocks' bytes are counted with it
+RECENT_TX_OVERHEAD = 1024
 
 
 @dataclass
@@ -85,6 +88,11 @@ class NodeConfig:
     # them up unbounded (by bytes: 16384 of 128 KiB each held 2 GiB)
     max_pending: int = 1 << 14
     max_pending_bytes: int = 64 << 20
+    # the recent blocks kept for the long polls (RECENT_BLOCKS), at most these bytes of them
+    # (``recent_block_bytes``; the latest is always kept): 64 blocks of 128 KiB transactions
+    # held gigabytes. Older blocks are read from the database (the long polls' clients then
+    # ask eth_getTransactionReceipt and eth_getLogs)
+    recent_bytes: int = 64 << 20
 
 
 @dataclass
@@ -129,6 +137,14 @@ class Mempool:
         return len(self.by_hash)
 
 
+def recent_block_bytes(block, receipts: list) -> int:
+    """The memory a sealed block kept with its receipts takes, roughly: its transactions'
+    calldata and their logs' data and topics, with RECENT_TX_OVERHEAD per transaction."""
+    logs = sum(len(log.data) + 32 * len(log.topics) for receipt in receipts
+               for log in receipt.logs)
+    return logs + sum(len(tx.data) + RECENT_TX_OVERHEAD for tx in block.transactions)
+
+
 def next_nonce(nonce: int, pending: dict[int, SignedTransactionAPI]) -> int:
     """The first nonce from `nonce` on that a sender's pending transactions leave free."""
     while nonce in pending:
@@ -171,6 +187,7 @@ class Node:
         # the latest sealed blocks with their receipts, by number: long polls answer from
         # them without taking the lock (the next block may be sealing meanwhile)
         self.recent: OrderedDict[int, tuple] = OrderedDict()
+        self._recent_size = 0  # recent_block_bytes of the blocks in `recent`
         self.gas_price = self._gas_price(self._head)
         # a transaction was admitted since the last block took the pending ones (under the
         # mempool's lock): only then may the mempool hold one that block did not include (a
@@ -319,11 +336,14 @@ class Node:
             self.mempool.size + len(tx.encode()) > self.config.max_pending_bytes
 
     # --- block production ----------------------------------------------------------------------
-    def _select(self, head_state) -> list[SignedTransactionAPI]:
+    def _select(self, head_state, base_fee: int) -> list[SignedTransactionAPI]:
         """Pending transactions with consecutive nonces from each sender's next, in the order
         they were admitted (a sender's nonces in order). Taken sender by sender, one sender's
         queue filled every block while it kept topping it up, and kept out for ever what
-        others had sent before its later transactions."""
+        others had sent before its later transactions. One whose max fee the block's
+        `base_fee` overtook stays pending with its sender's later ones, as in geth, until the
+        base fee falls: before, the block dropped it, its sender's long poll saw it leave the pool
+        without a receipt, and the later nonces waited behind the gap for ever."""
         selected: list[SignedTransactionAPI] = []
         with self.mempool.lock:
             self._admitted_since_seal = False
@@ -332,13 +352,14 @@ class Node:
                 nonce = head_state.get_nonce(sender)
                 for stale in [n for n in pending if n < nonce]:
                     self.mempool.remove(pending[stale])
-                if nonce in pending:
+                if nonce in pending and pending[nonce].max_fee_per_gas >= base_fee:
                     heads.append(self._place(pending[nonce]))
             heapq.heapify(heads)
             while heads and len(selected) < self.config.max_block_txs:
                 tx = heapq.heappop(heads)[-1]
                 selected.append(tx)
-                if (following := self.mempool.by_sender[tx.sender].get(tx.nonce + 1)) is not None:
+                following = self.mempool.by_sender[tx.sender].get(tx.nonce + 1)
+                if following is not None and following.max_fee_per_gas >= base_fee:
                     heapq.heappush(heads, self._place(following))
         return selected
 
@@ -361,7 +382,7 @@ class Node:
             header = with_fields(vm_class.child_header(parent, REWARD_POOL_ADDRESS, timestamp),
                                  mix_hash=os.urandom(32))
             vm = self.chain.get_vm(header)
-            candidates = self._select(vm.state)
+            candidates = self._select(vm.state, header.base_fee_per_gas)
             vm.block_preprocessing(vm.get_block())
             header = vm.get_header()
             included, receipts = [], []
@@ -414,8 +435,10 @@ class Node:
         """Keep a sealed block for the long polls (before it becomes the head: a long poll
         that sees the new head finds it here)."""
         self.recent[block.number] = (block, receipts)
-        while len(self.recent) > RECENT_BLOCKS:
-            self.recent.popitem(last=False)
+        self._recent_size += recent_block_bytes(block, receipts)
+        while len(self.recent) > RECENT_BLOCKS or \
+                (self._recent_size > self.config.recent_bytes and len(self.recent) > 1):
+            self._recent_size -= recent_block_bytes(*self.recent.popitem(last=False)[1])
 
     def _gather(self) -> None:
         deadline = time.monotonic() + self.config.gather_s

@@ -43,25 +43,25 @@ def in_process(data_dir, **options) -> Node:
 
 # --- block production ----------------------------------------------------------------------
 
-def test_transactions_behind_one_dropped_at_sealing_stay_pending(tmp_path):
-    """A transaction that became invalid before its block (here: the base fee rose above its
-    fee cap) is dropped; the same sender's later transactions were then applied anyway,
-    failed on their nonce and were dropped too, silently, though valid and acknowledged.
-    They now wait behind the gap, and are mined once the sender fills it."""
+def test_transactions_behind_one_the_base_fee_overtook_stay_pending(tmp_path):
+    """A transaction the base fee rose above before its block was dropped; the same sender's
+    later transactions were then applied anyway, failed on their nonce and were dropped too,
+    silently, though valid and acknowledged. Both now wait (as in geth) and are mined, in
+    order, once the base fee falls back below the first one's cap."""
     node = in_process(tmp_path / "data")
     try:
         whale, sender = dev_accounts(2)
         fee = node.next_base_fee()
         node.admit(burner(whale, 0, node.head().gas_limit - 10_000))  # the block is full
-        node.admit(signed(sender, 0, maxFeePerGas=fee))  # waits for a dearer block
+        first = node.admit(signed(sender, 0, maxFeePerGas=fee))  # waits for a cheaper block
         later = node.admit(signed(sender, 1))
         assert len(node.seal().transactions) == 1
         assert node.next_base_fee() > fee
-        assert node.seal().transactions == ()  # nonce 0 is dropped, nonce 1 is not
-        assert list(node.mempool.by_hash) == [later]
-        assert node.pending_nonce(address(sender)) == 0
-        refilled = node.admit(signed(sender, 0))
-        assert [tx.hash for tx in node.seal().transactions] == [refilled, later]
+        assert node.seal().transactions == ()  # neither taken, neither dropped
+        assert list(node.mempool.by_hash) == [first, later]
+        assert node.pending_nonce(address(sender)) == 2
+        assert node.next_base_fee() <= fee  # the empty block lowered it
+        assert [tx.hash for tx in node.seal().transactions] == [first, later]
         assert node.state_at().get_nonce(address(sender)) == 2 and len(node.mempool) == 0
     finally:
         node.stop()
