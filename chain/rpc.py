@@ -61,6 +61,7 @@ DEADLINE_CHECK_POPS = 1024  # stack pops between two looks at the clock
 # (BlockNumberOrHash): web3.py sends a block_identifier given as a hash this way, and it was
 # read as a block number beyond the head ("block 1073...365 not found")
 BLOCK_HASH_TEXT = 66
+DYNAMIC_FEE_TX_TYPE = 2  # EIP-1559: the first type with maxFeePerGas
 
 
 class RpcError(Exception):
@@ -684,12 +685,15 @@ class Rpc:
         }
         if tx.type_id:
             out.update(
-                maxFeePerGas=q(tx.max_fee_per_gas), yParity=q(tx.y_parity),
-                maxPriorityFeePerGas=q(tx.max_priority_fee_per_gas),
+                yParity=q(tx.y_parity),
                 accessList=[{"address": addr(a), "storageKeys": [d(k.to_bytes(32, "big"))
                                                                  for k in keys]}
                             for a, keys in tx.access_list],
             )
+        if (tx.type_id or 0) >= DYNAMIC_FEE_TX_TYPE:  # an access-list (type 1) one has none:
+            # its JSON with them could not be signed again (eth-account, ethers refuse both)
+            out.update(maxFeePerGas=q(tx.max_fee_per_gas),
+                       maxPriorityFeePerGas=q(tx.max_priority_fee_per_gas))
         price = tx.gas_price if not tx.type_id else tx.max_fee_per_gas
         if base_fee is not None and tx.type_id:
             price = min(tx.max_fee_per_gas, base_fee + tx.max_priority_fee_per_gas)
@@ -739,6 +743,10 @@ class Rpc:
 
     def rpc_net__listening(self):
         return True
+
+    def rpc_net__peerCount(self):
+        """web3's net.peer_count: a single node has no peers."""
+        return q(0)
 
     def rpc_eth__chainId(self):
         return q(CHAIN_ID)
@@ -878,9 +886,13 @@ class Rpc:
         address = address.lower()
         return [log for entry in entries for log in entry[2] if log["address"].lower() == address]
 
-    def _receipt_json(self, entry: tuple, index: int) -> dict:
+    def _receipt_json(self, entry: tuple, index: int, tx_logs: list[dict] | None = None) -> dict:
+        """A receipt as geth gives it; `tx_logs`: its transaction's logs where the caller
+        has them (else they are found among the block's)."""
         block, receipts, logs = entry
         tx, receipt = block.transactions[index], receipts[index]
+        if tx_logs is None:
+            tx_logs = [log for log in logs if log["transactionHash"] == d(tx.hash)]
         previous = receipts[index - 1].gas_used if index else 0
         tx_json = self._tx_json(tx, block, index)
         return {
@@ -891,28 +903,70 @@ class Rpc:
             "effectiveGasPrice": tx_json["gasPrice"],
             "contractAddress": None if tx.to else addr(
                 generate_contract_address(tx.sender, tx.nonce)),
-            "logs": [entry for entry in logs if entry["transactionHash"] == d(tx.hash)],
+            "logs": tx_logs,
             "logsBloom": d(receipt.bloom.to_bytes(256, "big")),
             "status": q(receipt.state_root == b"\x01"), "type": q(tx.type_id or 0),
         }
 
-    def rpc_eth__getBlockByNumber(self, block, full=False):
-        full = parse_bool(full, "full")
+    def _entry_at(self, block) -> tuple | None:
+        """The cached (block, receipts, logs) of the canonical block a block parameter (or
+        EIP-1898 object) names; None if there is none (geth answers null, not an error)."""
         try:
-            number = self.header_at(block).block_number
+            header = self.header_at(block)
         except UnknownBlock:
             return None
-        return self._block_json(self.blocks.get(number)[0], full)
+        entry = self.blocks.get(header.block_number)
+        return entry if entry[0].hash == header.hash else None  # a hash off the chain
+
+    def _entry_by_hash(self, block_hash) -> tuple | None:
+        """``_entry_at`` for a parameter that must be a block hash."""
+        return self._entry_at({"blockHash": block_hash})
+
+    def rpc_eth__getBlockByNumber(self, block, full=False):
+        full = parse_bool(full, "full")
+        entry = self._entry_at(block)
+        return None if entry is None else self._block_json(entry[0], full)
 
     def rpc_eth__getBlockByHash(self, block_hash, full=False):
         full = parse_bool(full, "full")
-        try:
-            header = self.header_at({"blockHash": block_hash})
-        except UnknownBlock:
+        entry = self._entry_by_hash(block_hash)
+        return None if entry is None else self._block_json(entry[0], full)
+
+    # web3's get_block_transaction_count, get_transaction_by_block and get_block_receipts
+    # (and viem's and ethers' equivalents) call these; they were "method not found"
+    def rpc_eth__getBlockTransactionCountByNumber(self, block):
+        entry = self._entry_at(block)
+        return None if entry is None else q(len(entry[0].transactions))
+
+    def rpc_eth__getBlockTransactionCountByHash(self, block_hash):
+        entry = self._entry_by_hash(block_hash)
+        return None if entry is None else q(len(entry[0].transactions))
+
+    def rpc_eth__getTransactionByBlockNumberAndIndex(self, block, index):
+        index = parse_quantity(index, "index")
+        return self._transaction_at(self._entry_at(block), index)
+
+    def rpc_eth__getTransactionByBlockHashAndIndex(self, block_hash, index):
+        index = parse_quantity(index, "index")
+        return self._transaction_at(self._entry_by_hash(block_hash), index)
+
+    def _transaction_at(self, entry: tuple | None, index: int) -> dict | None:
+        """The transaction at `index` of a block entry; None past its last (as geth)."""
+        if entry is None or index >= len(entry[0].transactions):
             return None
-        if self.node.chain.get_canonical_block_hash(header.block_number) != header.hash:
+        return self._tx_json(entry[0].transactions[index], entry[0], index)
+
+    def rpc_eth__getBlockReceipts(self, block):
+        """Every receipt of a block (a number, a tag or a hash, as geth takes it), its logs
+        grouped in one pass (``_receipt_json``'s search of the block's logs for each
+        transaction would be quadratic in a full block)."""
+        entry = self._entry_at(block)
+        if entry is None:
             return None
-        return self._block_json(self.blocks.get(header.block_number)[0], full)
+        by_index: list[list[dict]] = [[] for _ in entry[0].transactions]
+        for log in entry[2]:
+            by_index[int(log["transactionIndex"], 16)].append(log)
+        return [self._receipt_json(entry, index, logs) for index, logs in enumerate(by_index)]
 
     def rpc_eth__getLogs(self, log_filter):
         matched = parse_log_filter(log_filter)
@@ -952,6 +1006,31 @@ class Rpc:
         self._install(fid, {"kind": "blocks", "next": self.node.head().block_number + 1})
         return fid
 
+    def rpc_eth__newPendingTransactionFilter(self):
+        """web3's ``filter("pending")``: the hashes of transactions that reached the pool
+        after it was installed (``_pending_changes``)."""
+        fid = new_filter_id()
+        self._install(fid, {"kind": "pending", "next": self.node.head().block_number + 1,
+                            "reported": set(self._pending_hashes())})
+        return fid
+
+    def _pending_hashes(self) -> list[bytes]:
+        """The pool's transactions in arrival order."""
+        with self.node.mempool.lock:  # admission adds to it without the node's lock
+            return list(self.node.mempool.by_hash)
+
+    def _pending_changes(self, f: dict, first: int, head: int) -> list[str]:
+        """Transactions that entered the pool since the last poll: those pending now and
+        those mined in blocks first..head (a transaction can come and be mined between two
+        polls), less those reported before, or pending at install."""
+        pending = self._pending_hashes()
+        mined = [tx.hash for number in range(first, head + 1)
+                 for tx in self.blocks.get(number)[0].transactions]
+        arrived = dict.fromkeys(itertools.chain(mined, pending))  # in order, once each
+        new = [h for h in arrived if h not in f["reported"]]
+        f["reported"] = set(pending)  # the mined ones can never come back
+        return [d(h) for h in new]
+
     def rpc_eth__getFilterChanges(self, filter_id):
         f = self.filters.get(filter_id)
         if f is None:
@@ -961,6 +1040,8 @@ class Rpc:
         first, f["next"] = f["next"], head + 1
         if f["kind"] == "blocks":
             return [d(self.node.chain.get_canonical_block_hash(n)) for n in range(first, head + 1)]
+        if f["kind"] == "pending":
+            return self._pending_changes(f, first, head)
         last = head if f["last"] is None else min(head, f["last"])
         return self._matching_logs(*f["matched"], first, last)
 
