@@ -30,7 +30,7 @@ from chain.admission import calldata_floor_gas
 from chain.blobhttp import BODY_TIMEOUT, CLOSE, BlobApp, BodyWatch, UploadStalled, json_reply
 from chain.blobserver import blob_url
 from chain.compile import compiled_market
-from chain.node import PRIORITY_FEE, Node, TxRejected
+from chain.node import PRIORITY_FEE, Node, TxRejected, recent_block_bytes
 from chain.params import (
     CHAIN_ID,
     FREIVALDS_ADDRESS,
@@ -401,15 +401,27 @@ def deadline_computation(base: type) -> type:
     return DeadlineComputation
 
 
+def entry_bytes(entry: tuple) -> int:
+    """What a cached (block, receipts, JSON logs) holds, roughly: the node's measure of the
+    block and receipts, plus the JSON logs' hex text."""
+    block, receipts, logs = entry
+    return recent_block_bytes(block, receipts) + sum(
+        len(log["data"]) + 67 * len(log["topics"]) for log in logs)
+
+
 class BlockCache:
     """Blocks with their receipts and JSON logs, by number; the most recent ones kept, up to
-    `size` blocks holding up to `transactions` transactions in all. By block count alone
-    (~2.3 KB per transaction) full blocks of 5,000 transactions could take ~20 GB."""
+    `size` blocks holding up to `transactions` transactions and `max_bytes` (`entry_bytes`)
+    in all. By block count alone (~2.3 KB per transaction) full blocks of 5,000 transactions
+    could take ~20 GB; by transactions alone, 100,000 of 128 KiB calldata each ~12 GB."""
 
-    def __init__(self, node: Node, size: int = 2048, transactions: int = 100_000) -> None:
+    def __init__(self, node: Node, size: int = 2048, transactions: int = 100_000,
+                 max_bytes: int = 256 << 20) -> None:
         self.node, self.size, self.max_transactions = node, size, transactions
+        self.max_bytes = max_bytes
         self.entries: OrderedDict[int, tuple] = OrderedDict()
         self.transactions = 0  # in the blocks kept
+        self.bytes = 0  # entry_bytes of the blocks kept
 
     def get(self, number: int) -> tuple:
         entry = self.entries.get(number)
@@ -424,13 +436,17 @@ class BlockCache:
         """Cache `entry`, dropping the oldest blocks beyond the two limits (never the last)."""
         replaced = self.entries.pop(number, None)
         if replaced is not None:
-            self.transactions -= len(replaced[0].transactions)
+            self._count(replaced, -1)
         self.entries[number] = entry
-        self.transactions += len(entry[0].transactions)
+        self._count(entry, 1)
         while len(self.entries) > 1 and (len(self.entries) > self.size
-                                         or self.transactions > self.max_transactions):
-            _, (block, *_) = self.entries.popitem(last=False)
-            self.transactions -= len(block.transactions)
+                                         or self.transactions > self.max_transactions
+                                         or self.bytes > self.max_bytes):
+            self._count(self.entries.popitem(last=False)[1], -1)
+
+    def _count(self, entry: tuple, sign: int) -> None:
+        self.transactions += sign * len(entry[0].transactions)
+        self.bytes += sign * entry_bytes(entry)
 
     def sealed(self, number: int) -> tuple | None:
         """Like ``get`` for a block among the node's recent ones (None otherwise), without

@@ -185,3 +185,31 @@ def test_the_evm_time_budget_belongs_to_one_request(tmp_path):
         assert rpc.rpc_eth__call(call) == "0x"
     finally:
         node.stop()
+
+
+def test_the_block_cache_is_bounded_by_bytes_too(tmp_path):
+    """Bounded by blocks and transactions, the cache could still hold 100,000 transactions of
+    128 KiB calldata (~12 GB). It now also holds at most `max_bytes` (entry_bytes); what it
+    answers is still each canonical block, with its calldata."""
+    from chain.node import Node, NodeConfig
+    from chain.rpc import BlockCache, entry_bytes
+
+    node = Node(NodeConfig(tmp_path / "data", block_time=0, decode_process=False))
+    sender = dev_accounts(4)[3]
+    payload = bytes(range(256)) * 256  # 64 KiB of calldata per block
+    try:
+        for nonce in range(4):
+            tx = {"to": sender.address, "value": 0, "gas": 3_000_000, "nonce": nonce,
+                  "data": payload, "maxFeePerGas": 10**11, "maxPriorityFeePerGas": 1,
+                  "chainId": CHAIN_ID, "type": 2}
+            node.admit(bytes(sender.sign_transaction(tx).raw_transaction))
+            node.seal()
+        cache = BlockCache(node, max_bytes=150 << 10)  # two such blocks, not three
+        for number in (1, 2, 3, 4, 2):
+            block, _, _ = cache.get(number)
+            assert block.hash == node.chain.get_canonical_block_hash(number)
+            assert block.transactions[0].data == payload
+            assert cache.bytes == sum(map(entry_bytes, cache.entries.values())) <= 150 << 10
+        assert sorted(cache.entries) == [2, 4]
+    finally:
+        node.stop()
