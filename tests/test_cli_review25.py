@@ -132,7 +132,8 @@ def test_a_missing_keystore_is_named_before_any_password_is_asked_for(tmp_path, 
 
 
 def test_a_stake_below_the_minimum_names_the_amounts_and_sends_nothing(node, tmp_path):
-    """It sent a register that reverted "stake below minStake" (gas spent, amounts unsaid)."""
+    """It said only the contract's "stake below minStake" (from the gas estimate), without
+    the amounts."""
     account = dev_account(POOR)
     market = Market(node.url, account)
     try:
