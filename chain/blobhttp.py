@@ -93,8 +93,12 @@ class BatchReceiver:
         self.unsettled = 0  # the first upload whose writer may still need its bytes
 
     def check_declared(self, length: int) -> None:
+        """Refuse a body of `length` before it is read: BlobTooLarge over the size limit,
+        BlobStoreFull (an OSError: 507) if it would cross the store's free-space reserve
+        (each blob's own claim, as it starts, is checked again)."""
         if length > self.limit:
             raise BlobTooLarge(f"batch of {length} bytes exceeds the {self.limit}-byte limit")
+        self.store.check_space(length)
 
     def feed(self, body: memoryview) -> None:
         """Take the next piece of the body. ValueError (BlobTooLarge: 413) says what is
@@ -742,7 +746,7 @@ class BlobClient:
         body = self._reply(response)
         if response.status != 200:
             raise BlobError(f"blob store refused 0x{id_.hex()}: {response.status} "
-                            f"{body[:200].decode(errors='replace')}")
+                            f"{body[:300].decode(errors='replace')}")
         if size >= STREAM_BYTES and json.loads(body)["ids"] != ["0x" + id_.hex()]:
             raise BlobError(f"blob store acknowledged another id than 0x{id_.hex()}")
         return id_

@@ -39,6 +39,10 @@ DTYPE_CODES = {dt: code for code, dt in DTYPES.items()}
 HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 MAX_NDIM = 8
 DEFAULT_MAX_BLOB_BYTES = 256 << 20  # a node's limit unless `chain up --max-blob-mb` says
+# the store keeps this much of its file system free, by default (`chain up --blob-reserve-mb`):
+# the chain's database shares the data dir, and a full disk stops it committing blocks
+MIN_RESERVE_BYTES = 1 << 30
+RESERVE_PERCENT = 5  # ... or this share of the file system, if more
 PIPELINE_BYTES = 1 << 20  # an upload is hashed and written in steps of this size, on threads
 WRITE_DEPTH = 2  # ... this many steps of one upload written at once, each at its own offset
 BACKLOG_BYTES = 16 << 20  # received but not yet hashed and written, at most (memory bound)
@@ -145,13 +149,39 @@ class BlobTooLarge(ValueError):
     """A blob over the store's size limit."""
 
 
-class BlobStore:
-    """Blobs on disk, one file per id; writes are atomic (temp file + rename)."""
+class BlobStoreFull(OSError):
+    """An upload that would leave less than the store's free-space reserve on its disk (an
+    OSError with ENOSPC: both blob servers answer it 507, as a disk really full)."""
 
-    def __init__(self, directory: str | os.PathLike, max_bytes: int = 256 * 2**20) -> None:
+
+def default_reserve(directory: str | os.PathLike) -> int:
+    """The free space a store keeps by default: MIN_RESERVE_BYTES or RESERVE_PERCENT of its
+    file system, whichever is more."""
+    fs = os.statvfs(directory)
+    return max(MIN_RESERVE_BYTES, fs.f_blocks * fs.f_frsize * RESERVE_PERCENT // 100)
+
+
+def free_bytes(directory: str | os.PathLike) -> int:
+    """Bytes of `directory`'s file system that an unprivileged process can still fill."""
+    fs = os.statvfs(directory)
+    return fs.f_bavail * fs.f_frsize
+
+
+class BlobStore:
+    """Blobs on disk, one file per id; writes are atomic (temp file + rename). An upload is
+    refused (BlobStoreFull) if it would leave less than `reserve_bytes` free on the disk
+    (None: `default_reserve`; 0: no reserve), else one uploader could fill the disk under
+    the chain's database and halt the chain."""
+
+    def __init__(self, directory: str | os.PathLike, max_bytes: int = 256 * 2**20,
+                 reserve_bytes: int | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.reserve_bytes = default_reserve(self.directory) if reserve_bytes is None \
+            else reserve_bytes
+        self.claimed = 0  # bytes promised to uploads in progress, not yet held by their files
+        self.space_lock = threading.Lock()
         self.direct_io = hasattr(os, "O_DIRECT")  # cleared if the filesystem refuses it
         # names this store to clients (both of a node's blob servers send it on every reply),
         # so that one can tell the advertised blob port from another store on the same port
@@ -185,6 +215,29 @@ class BlobStore:
             raise BlobTooLarge(f"blob of {declared_size} bytes exceeds the {self.max_bytes}-byte "
                                "limit")
         return BlobWriter(self, declared_size)
+
+    def check_space(self, nbytes: int) -> None:
+        """BlobStoreFull unless `nbytes` more can be written and the disk still have the
+        reserve free, counting the bytes claimed by uploads in progress."""
+        if not self.reserve_bytes:
+            return
+        left = free_bytes(self.directory) - self.claimed - nbytes
+        if left < self.reserve_bytes:
+            raise BlobStoreFull(errno.ENOSPC, (
+                f"free-space reserve reached: {nbytes} more bytes would leave "
+                f"{max(left, 0) >> 20} MiB free on the disk, under the {self.reserve_bytes >> 20}"
+                " MiB kept for the chain database (chain up --blob-reserve-mb)"))
+
+    def claim_space(self, nbytes: int) -> None:
+        """`check_space`, then count `nbytes` as taken until `release_space` (concurrent
+        uploads cannot all pass against the same free space)."""
+        with self.space_lock:
+            self.check_space(nbytes)
+            self.claimed += nbytes
+
+    def release_space(self, nbytes: int) -> None:
+        with self.space_lock:
+            self.claimed -= nbytes
 
     def commit_uploads(self, uploads: list[tuple[BlobWriter, bytes]]
                        ) -> tuple[list[str], list[str]]:
@@ -274,7 +327,13 @@ class BlobWriter:
         self.digest = blob_hasher()
         self.size = 0
         self.prefix = bytearray()  # the first bytes, enough for the header and dims
-        self.fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
+        store.claim_space(declared_size or 0)  # BlobStoreFull before any file is made
+        self.claimed = declared_size or 0  # released once the file holds it, or dropped
+        try:
+            self.fd, self.tmp = tempfile.mkstemp(dir=store.directory, prefix=".tmp-")
+        except BaseException:
+            self._release_claim()
+            raise
         self.direct_fd = -1  # the temp file opened with O_DIRECT, once a chunk qualifies
         self.allocated = 0  # file size set up front
         self.received: list = []  # chunks not yet handed to the hash and write steps
@@ -290,6 +349,12 @@ class BlobWriter:
         if self.size > self.store.max_bytes:
             self.abort()
             raise BlobTooLarge(f"blob exceeds the {self.store.max_bytes}-byte limit")
+        if self.declared_size is None:  # not claimed up front: checked as it arrives
+            try:
+                self.store.check_space(len(chunk) + self.held_bytes())
+            except BlobStoreFull:
+                self.abort()
+                raise
         if len(self.prefix) < HEADER.size + 8 * MAX_NDIM:
             self.prefix += chunk[:HEADER.size + 8 * MAX_NDIM - len(self.prefix)]
         self.received.append(chunk)
@@ -348,6 +413,7 @@ class BlobWriter:
         if _allocate is not None and self.declared_size and \
                 _allocate(self.fd, 0, 0, self.declared_size) == 0:
             self.allocated = self.declared_size
+            self._release_claim()  # the file holds the space now: statvfs counts it
 
     def _hash(self, chunks: list) -> None:
         for chunk in chunks:
@@ -481,7 +547,13 @@ class BlobWriter:
         self._close()
         Path(self.tmp).unlink(missing_ok=True)
 
+    def _release_claim(self) -> None:
+        claimed, self.claimed = self.claimed, 0
+        if claimed:
+            self.store.release_space(claimed)
+
     def _close(self) -> None:
+        self._release_claim()
         for fd in (self.fd, self.direct_fd):
             if fd >= 0:
                 os.close(fd)

@@ -776,7 +776,8 @@ class BlobServer:
         batch = BatchReceiver(self.store)
         received = reserved = 0
         try:
-            batch.check_declared(request.length)
+            with _store_writes():  # a body over the free-space reserve: 507
+                batch.check_declared(request.length)
             self._continue(stream, request)
             reserved = self._reserve(request.length)  # a one-blob body is cached
             for piece in stream.body(request.length, lead=FRAME_LENGTH.size):

@@ -42,6 +42,10 @@ def up(
         help="Memory for the latest large uploads, whose downloads (workers fetching the "
              "operands just uploaded) are then sent without a disk read, MiB; 0: off.",
         min=0)] = 256,
+    blob_reserve_mb: Annotated[int | None, typer.Option(
+        help="Free space kept on the data dir's disk for the chain database: an upload that "
+             "would leave less is refused (507), MiB. Default: 1 GiB or 5 % of the disk, "
+             "whichever is more; 0: no reserve.", show_default=False, min=0)] = None,
     max_connections: Annotated[int | None, typer.Option(
         help="JSON-RPC connections open at once, half of them from one address; more are "
              "answered 503 and closed (a worker or a client holds about 20). Default: "
@@ -72,6 +76,8 @@ def up(
         rpc_listener.close()
         blob_listener.close()
         _fail(str(exc))
+    if blob_reserve_mb is not None:
+        node.blobs.reserve_bytes = blob_reserve_mb << 20
     typer.echo(f"chain id {CHAIN_ID}, head #{node.head().block_number}, data dir {data_dir}")
     typer.echo(f"market contract {to_checksum_address(MARKET_ADDRESS)}")
     from chain.devnet import dev_accounts
@@ -82,7 +88,8 @@ def up(
     blobs = BlobServer(node.blobs, recent_bytes=blob_cache_mb << 20, listener=blob_listener)
     rpc_port = rpc_listener.getsockname()[1]
     typer.echo(f"JSON-RPC http://{host}:{rpc_port}/  blobs http://{host}:{blobs.port}/blobs "
-               f"(recent uploads cached: {blob_cache_mb} MiB)")
+               f"(recent uploads cached: {blob_cache_mb} MiB, "
+               f"{node.blobs.reserve_bytes >> 20} MiB of disk kept free)")
     app = create_app(node)
     app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level,
@@ -184,12 +191,14 @@ def verify(
 
 @app.command()
 def info(
-    url: Annotated[str, typer.Option(help="Node URL.")] = "http://127.0.0.1:8545",
+    rpc_url: Annotated[str, typer.Option(
+        "--rpc-url", "--url", envvar="NEEDLE_NET_RPC",
+        help="Chain node URL.")] = "http://127.0.0.1:8545",
 ) -> None:
     """Print a running node's /info (chain id, contract address, blob URL...)."""
     import httpx
 
-    url = f"{url.rstrip('/')}/info"
+    url = f"{rpc_url.rstrip('/')}/info"
     try:
         data = httpx.get(url, timeout=10).raise_for_status().json()
     except httpx.HTTPStatusError as exc:
