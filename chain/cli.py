@@ -71,13 +71,13 @@ def up(
     try:
         node = Node(NodeConfig(data_dir=data_dir, block_time=block_time,
                                seal_on_pending=seal_on_pending,
-                               max_blob_bytes=max_blob_mb * 2**20))
+                               max_blob_bytes=max_blob_mb * 2**20,
+                               blob_reserve_bytes=None if blob_reserve_mb is None
+                               else blob_reserve_mb << 20))
     except DataDirError as exc:
         rpc_listener.close()
         blob_listener.close()
         _fail(str(exc))
-    if blob_reserve_mb is not None:
-        node.blobs.reserve_bytes = blob_reserve_mb << 20
     typer.echo(f"chain id {CHAIN_ID}, head #{node.head().block_number}, data dir {data_dir}")
     typer.echo(f"market contract {to_checksum_address(MARKET_ADDRESS)}")
     from chain.devnet import dev_accounts

@@ -77,6 +77,7 @@ class NodeConfig:
     quiet_s: float = 0.02
     gather_min_txs: int = 2
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+    blob_reserve_bytes: int | None = None  # free disk kept by blob uploads (BlobStore's default)
     # chain.interpreter's opcode loop and per-block storage tries; False: stock py-evm
     # (same blocks, see tests/test_chain_fast_evm.py; bench/chain_tps.py compares the two)
     fast_execution: bool = True
@@ -160,7 +161,8 @@ class Node:
         self.config = config
         self._data_dir_lock = lock_data_dir(config.data_dir)
         try:
-            self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes)
+            self.blobs = BlobStore(config.data_dir / "blobs", config.max_blob_bytes,
+                                   config.blob_reserve_bytes)
             if discarded := self.blobs.discard_partial_uploads():  # the data dir is ours alone
                 log.info("discarded %d partial blob uploads left by an earlier run", discarded)
             self.db = SqliteDB(config.data_dir / DATABASE_FILE)
