@@ -27,7 +27,7 @@ from eth_typing import Hash32
 from lru import LRU
 from rlp.sedes import big_endian_int, binary
 
-from chain.dirlock import DirLocked, lock_dir
+from chain.dirlock import DirUnusable, claim_data_dir
 from chain.tries import encode_node
 
 _DELETED = None
@@ -49,13 +49,9 @@ def lock_data_dir(data_dir: Path) -> TextIO:
     if data_dir.exists() and not data_dir.is_dir():
         raise DataDirError(f"data dir {data_dir} is not a directory")
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return lock_dir(data_dir, LOCK_FILE)
-    except DirLocked as exc:
-        raise DataDirError(f"data dir {data_dir} is in use by another chain node "
-                           f"(pid {exc.holder})") from None
-    except OSError as exc:
-        raise DataDirError(f"cannot use data dir {data_dir}: {exc.strerror}") from exc
+        return claim_data_dir(data_dir, LOCK_FILE, "chain node")
+    except DirUnusable as exc:
+        raise DataDirError(str(exc)) from exc.__cause__
 
 
 def unreadable(path: str | PathLike, error: sqlite3.DatabaseError) -> DataDirError:

@@ -34,6 +34,23 @@ def lock_dir(directory: Path, lock_name: str) -> TextIO:
     return lock
 
 
+class DirUnusable(Exception):
+    """A data dir another process holds, or one that cannot be created or locked."""
+
+
+def claim_data_dir(data_dir: Path, lock_name: str, user: str) -> TextIO:
+    """Create `data_dir` if needed and lock it (`lock_dir`); DirUnusable naming the other
+    `user` (a chain node, a worker, a devnet) and its pid, or why the dir cannot be used."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return lock_dir(data_dir, lock_name)
+    except DirLocked as exc:
+        raise DirUnusable(f"data dir {data_dir} is in use by another {user} (pid "
+                          f"{exc.holder}); stop it or pick another data dir") from None
+    except OSError as exc:
+        raise DirUnusable(f"cannot use data dir {data_dir}: {exc.strerror}") from exc
+
+
 def sync_directory(directory: str | os.PathLike) -> None:
     """Make the names created or renamed in `directory` survive a power loss (an fsync of the
     file alone does not persist its directory entry)."""

@@ -23,7 +23,7 @@ import httpx
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from chain.dirlock import DirLocked, lock_dir
+from chain.dirlock import DirUnusable, claim_data_dir
 from chain.launch import free_port
 from node.keys import load_or_create, read_password
 
@@ -272,10 +272,9 @@ def _lock(data_dir: Path) -> TextIO:
     """The data dir's lock, held while the devnet runs: a second devnet there would start
     workers with the same keys and overwrite their admin tokens."""
     try:
-        return lock_dir(data_dir, LOCK_FILE)
-    except DirLocked as exc:
-        raise DevnetError(f"data dir {data_dir} is in use by another devnet (pid "
-                          f"{exc.holder}); stop it or pick another data dir") from None
+        return claim_data_dir(data_dir, LOCK_FILE, "devnet")
+    except DirUnusable as exc:
+        raise DevnetError(str(exc)) from exc.__cause__
 
 
 def _listens(pid: int, port: int) -> bool:

@@ -33,7 +33,7 @@ from web3.exceptions import Web3RPCError
 
 from chain.blobserver import BoundedHttpProtocol, listen
 from chain.client import nonce_taken
-from chain.dirlock import DirLocked, lock_dir
+from chain.dirlock import DirUnusable, claim_data_dir
 from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node import compute
@@ -182,13 +182,9 @@ def _lock_data_dir(data_dir: Path) -> TextIO:
     state file and journal, each resuming the other's jobs. A crashed worker holds none
     (the kernel drops a dead process's flock)."""
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return lock_dir(data_dir, LOCK_FILE)
-    except DirLocked as err:
-        raise WorkerStartError(f"data dir {data_dir} is in use by another worker (pid "
-                               f"{err.holder}); stop it or pick another data dir") from None
-    except OSError as err:
-        raise WorkerStartError(f"cannot use data dir {data_dir}: {err.strerror}") from err
+        return claim_data_dir(data_dir, LOCK_FILE, "worker")
+    except DirUnusable as err:
+        raise WorkerStartError(str(err)) from err.__cause__
 
 
 def _nonce_taken(err: Exception) -> bool:

@@ -262,3 +262,23 @@ def one_block(market) -> None:
         "maxFeePerGas": 10 * client.w3.eth.gas_price, "maxPriorityFeePerGas": 0,
     }).raw_transaction
     client.wait_for_receipt(client.w3.eth.send_raw_transaction(raw))
+
+
+def run_cli(*args, **kwargs):
+    """`needle-net` run in-process (typer's CliRunner), arguments as strings, 400 columns."""
+    from typer.testing import CliRunner
+
+    from node.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=400, **kwargs)
+
+
+def one_error_line(result, code: int = 1) -> str:
+    """The output of a command that failed cleanly: exit `code`, one `error:` line (a
+    traceback is an exception the runner caught; `error:` lines end in SystemExit)."""
+    assert result.exit_code == code, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert not lines[0].startswith("error:  "), lines[0]
+    return lines[0]

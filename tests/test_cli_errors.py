@@ -14,20 +14,19 @@ import time
 import numpy as np
 import pytest
 from helpers import keystore_options
-from typer.testing import CliRunner
+from helpers import one_error_line as _one_error_line
+from helpers import run_cli as _cli
 
 from chain.client import ChainClient
 from chain.devnet import dev_account
 from chain.launch import free_port
 from node import keys
-from node.cli import app
 from node.client import JobClient, RemoteJobError, validate_operands
 from node.market import JOB_CANCELLED, JOB_CLAIMED, Market
 
 pytestmark = pytest.mark.timeout(300)
 ETHER = 10**18
 FEE = 10**15
-runner = CliRunner()
 SUBMITTER = 12  # dev account that submits through the CLI
 WORKER = 13  # dev account driven by hand as a worker
 STRANGER = 14  # dev account that did not submit
@@ -42,20 +41,6 @@ def chain(node):
     yield observer, worker
     worker.close()
     observer.close()
-
-
-def _cli(*args):
-    return runner.invoke(app, [str(a) for a in args], terminal_width=400)
-
-
-def _one_error_line(result, code: int = 1) -> str:
-    """The output of a command that failed cleanly: exit `code`, one `error:` line."""
-    assert result.exit_code == code, result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    assert not lines[0].startswith("error:  "), lines[0]
-    return lines[0]
 
 
 def _operands(tmp_path, a, b) -> tuple:

@@ -11,31 +11,18 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
+from helpers import one_error_line as _one_error_line
+from helpers import run_cli as _cli
 from helpers import submit_as_declared, wait_for
-from typer.testing import CliRunner
 
 from chain.client import ChainClient
 from chain.devnet import dev_account
 from chain.launch import NodeProcess, free_port
-from node.cli import app
 from node.market import JOB_DONE, Market
 
 pytestmark = pytest.mark.timeout(300)
 ETHER = 10**18
 FEE = 10**15
-
-
-def _cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], terminal_width=400)
-
-
-def _one_error_line(result, code: int = 1) -> str:
-    """The output of a command that failed cleanly: exit `code`, one `error:` line."""
-    assert result.exit_code == code, result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 def _chain(*args: str) -> subprocess.CompletedProcess:

@@ -13,14 +13,14 @@ import sys
 import numpy as np
 import pytest
 from helpers import keystore_options
-from typer.testing import CliRunner
+from helpers import one_error_line as _one_error_line
+from helpers import run_cli as _cli
 from web3 import Web3
 
 from chain.client import ChainClient
 from chain.devnet import dev_account
 from chain.launch import free_port
 from node import keys
-from node.cli import app
 from node.client import JobClient
 from node.devnet import Devnet, DevnetError
 from node.market import JOB_CANCELLED, JOB_CLAIMED, Market
@@ -28,23 +28,11 @@ from node.market import JOB_CANCELLED, JOB_CLAIMED, Market
 pytestmark = pytest.mark.timeout(300)
 ETHER = 10**18
 SENDER, WORKER, SUBMITTER = 15, 16, 17  # genesis-funded dev accounts
-runner = CliRunner()
-
-
-def _cli(*args, **kwargs):
-    return runner.invoke(app, [str(a) for a in args], terminal_width=400, **kwargs)
 
 
 def _process(*args) -> list[str]:
     """The command line of `needle-net ARGS` as its own process."""
     return [sys.executable, "-m", "node", *map(str, args)]
-
-
-def _one_error_line(result, code: int = 1) -> str:
-    assert result.exit_code == code, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 def _table_rows(output: str) -> list[list[str]]:

@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 from helpers import keystore_options
-from typer.testing import CliRunner
+from helpers import one_error_line as _one_error_line
+from helpers import run_cli as _cli
 
 from chain.client import ChainClient
 from chain.devnet import dev_account
 from node import keys
-from node.cli import app
 from node.client import JobClient
 from node.devnet import Devnet
 from node.market import JOB_CANCELLED, JOB_CLAIMED, JOB_DONE, Market
@@ -28,19 +28,6 @@ FEE = 10**15
 SUBMITTER, WORKER, BYSTANDER, FETCHER, HONEST_WORKER, SENDER = 11, 12, 13, 14, 15, 16
 MARKET = "0x000000000000000000000000000000000000c0DE"
 ECRECOVER = "0x0000000000000000000000000000000000000001"  # a precompile: no code, needs gas
-runner = CliRunner()
-
-
-def _cli(*args):
-    return runner.invoke(app, [str(a) for a in args], terminal_width=400)
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    # a traceback is an exception the runner caught; `error:` lines end in SystemExit
-    assert len(lines) == 1 and not isinstance(result.exception, Exception), result.output
-    return lines[0]
 
 
 def _seal_blocks_until(market: Market, block: int) -> None:

@@ -7,30 +7,17 @@ not a MemoryError traceback."""
 import numpy as np
 import pytest
 from helpers import keystore_options, submit_as_declared
-from typer.testing import CliRunner
+from helpers import one_error_line as _one_error_line
+from helpers import run_cli as _cli
 
 from chain.client import ChainClient
 from chain.devnet import dev_account
-from node.cli import app
 from node.market import JOB_DONE, Market
 
 pytestmark = pytest.mark.timeout(300)
 ETHER = 10**18
 FEE = 10**15
 SUBMITTER, WORKER, POOR = 1, 2, 3  # genesis-funded dev accounts, 10000 ETH each
-runner = CliRunner()
-
-
-def _cli(*args):
-    return runner.invoke(app, [str(a) for a in args], terminal_width=400)
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    # a traceback is an exception the runner caught; `error:` lines end in SystemExit
-    assert len(lines) == 1 and not isinstance(result.exception, Exception), result.output
-    return lines[0]
 
 
 def _done_job(url: str, a: np.ndarray, b: np.ndarray) -> int:
