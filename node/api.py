@@ -3,14 +3,16 @@ dashboard page, and token-protected admin actions. OpenAPI docs come with FastAP
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from fastapi import FastAPI, Header, HTTPException
-from fastapi.responses import HTMLResponse, Response
+from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from web3.exceptions import Web3RPCError
 
 from node.market import TxReverted, is_transient, node_refusal
@@ -23,6 +25,43 @@ T = TypeVar("T")
 # every second while the node hangs took them all, and /health, /status and /metrics
 # stopped answering too.
 CHAIN_READERS = 4
+# on every answer: no page of this API may be framed by another site, nor an answer read as
+# another type than it says (a JSON error echoing a request as HTML)
+SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"}
+
+
+def _host_name(host_header: str) -> str:
+    """The name in a Host header, without port or brackets, lower case, no final dot."""
+    if host_header.startswith("["):
+        name = host_header[1:].partition("]")[0]
+    else:
+        name = host_header.rsplit(":", 1)[0]
+    return name.lower().rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_loopback(address: str) -> bool:
+    return _is_ip(address) and ipaddress.ip_address(address).is_loopback
+
+
+def _names_this_machine(server: tuple | None, host_header: str | None) -> bool:
+    """False for a request that came in on a loopback address but names a host of the DNS:
+    a web page whose domain was rebound to 127.0.0.1 (DNS rebinding), which the browser then
+    lets read this API (and try admin tokens) as its own site. Such a domain has a dot; on
+    this machine the API is named by an address, localhost (or *.localhost), the host name,
+    or another name without a dot (/etc/hosts)."""
+    if not server or not host_header or not _is_loopback(server[0]):
+        return True
+    name = _host_name(host_header)
+    return ("." not in name or name.endswith(".localhost") or _is_ip(name)
+            or name == socket.gethostname().lower())
 
 
 def _on_chain(action: Callable[[], T]) -> T:
@@ -60,14 +99,30 @@ def create_app(node: NodeView, admin_token: str | None) -> FastAPI:
     app = FastAPI(title="needle-net worker", version="0.1.0")
     chain_readers = threading.BoundedSemaphore(CHAIN_READERS)
 
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable) -> Response:
+        """403 for a request naming another host on a loopback connection; SECURITY_HEADERS
+        on every answer."""
+        host = request.headers.get("host")
+        if _names_this_machine(request.scope.get("server"), host):
+            response = await call_next(request)
+        else:
+            response = JSONResponse(status_code=403, content={
+                "detail": f"refused: Host {host!r} is not this machine (DNS rebinding?); "
+                          "open the API as http://127.0.0.1:<port> or http://localhost:<port>"})
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
     def require_admin(authorization: str | None) -> None:
         """403 unless `authorization` is `Bearer <admin_token>`: the scheme in any case (HTTP
-        auth schemes are case-insensitive), the token compared in constant time."""
+        auth schemes are case-insensitive), the token compared in constant time as the bytes
+        sent (the header arrives decoded as Latin-1; a token typed with non-ASCII characters
+        is sent as UTF-8, as the token file is read)."""
         if not admin_token:
             raise HTTPException(403, "admin routes are off: this node has no admin token")
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(
-            token.strip().encode(), admin_token.encode()
+            token.strip().encode("latin-1"), admin_token.encode()
         ):
             raise HTTPException(403, "admin token missing or wrong")
 
