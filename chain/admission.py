@@ -68,8 +68,8 @@ def creation_intrinsic_gas(tx: SignedTransactionAPI) -> int:
 
 def decode_transaction(raw: bytes) -> SignedTransactionAPI:
     """A signed transaction from its raw bytes, checked on its own (size, type, signature
-    values, intrinsic gas, fee caps, chain id) with its sender recovered and cached;
-    TxRejected says what is wrong."""
+    values, fee caps, chain id) with its sender recovered and cached; TxRejected says what
+    is wrong."""
     if len(raw) > MAX_TX_BYTES:
         raise TxRejected(f"oversized transaction: {len(raw)} bytes, the limit is {MAX_TX_BYTES}")
     try:
@@ -82,13 +82,13 @@ def decode_transaction(raw: bytes) -> SignedTransactionAPI:
         raise TxRejected("set-code transactions (type 4, EIP-7702) are not supported")
     if tx.s > SECPK1_N // 2:  # its twin (n - s) signs the same: py-evm's VM refuses it (EIP-2)
         raise TxRejected("invalid signature: s is above secp256k1n/2 (EIP-2)")
-    if tx.gas < tx.intrinsic_gas:  # py-evm's validate() says "Insufficient gas", and for
-        # legacy and type-1 transactions only: geth's words, for every type
-        raise TxRejected(f"intrinsic gas too low: {tx.gas} < {tx.intrinsic_gas}")
     try:
         tx.validate()
         validate_fee_caps(tx)
     except ValidationError as exc:
+        if tx.gas < tx.intrinsic_gas:  # py-evm's "Insufficient gas" (legacy and type 1 only;
+            # the node checks every type): geth's words, as for the others
+            raise TxRejected(f"intrinsic gas too low: {tx.gas} < {tx.intrinsic_gas}") from exc
         raise TxRejected(f"invalid transaction: {exc}") from exc
     if tx.chain_id is None:
         raise TxRejected("transaction is not replay-protected (EIP-155 chain id required)")

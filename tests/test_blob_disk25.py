@@ -239,10 +239,16 @@ def signed(tx_type: int, gas: int) -> bytes:
 
 
 @pytest.mark.parametrize("tx_type", [0, 1, 2])
-def test_a_transaction_below_intrinsic_gas_is_refused_in_geths_words(tx_type):
+def test_a_transaction_below_intrinsic_gas_is_refused_in_geths_words(tx_type, tmp_path):
     """Every transaction type below its intrinsic gas (21000 for a plain transfer) is
-    refused as geth words it; legacy and type 1 were py-evm's "invalid transaction:
-    Insufficient gas", type 2 passed decoding and got geth's wording from the node."""
-    with pytest.raises(TxRejected, match=r"^intrinsic gas too low: 20999 < 21000$"):
-        decode_transaction(signed(tx_type, 20_999))
+    refused by the node as geth words it; legacy and type 1 were py-evm's "invalid
+    transaction: Insufficient gas" (from decoding), type 2 got geth's wording (admission)."""
+    from chain.node import Node, NodeConfig
+
+    node = Node(NodeConfig(tmp_path / "data", decode_process=False))
+    try:
+        with pytest.raises(TxRejected, match=r"^intrinsic gas too low: 20999 < 21000$"):
+            node.admit(signed(tx_type, 20_999))
+    finally:
+        node.stop()
     assert decode_transaction(signed(tx_type, 21_000)).gas == 21_000
