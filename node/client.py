@@ -340,11 +340,12 @@ class JobClient:
         at most once (the node knows it, or its nonce is used and its receipt is found), and
         a submission that did open them is not reported as failed, to be paid for again. Where
         another client with this key took its nonce it never runs, and is signed again once
-        with the next nonce."""
+        with the next nonce. A node that refuses the connection (restarting) never got the
+        transaction: it is waited for until the timeout, not counted as a send (five quick
+        refusals failed a submission while the node restarted)."""
         end = time.monotonic() + self.timeout
-        sends, signed_again = 0, False
+        sends, signed_again = 0, False  # sends that may have reached the node
         while True:
-            sends += 1
             try:
                 return self.market.send_signed(signed)
             except Web3RPCError as err:
@@ -352,6 +353,7 @@ class JobClient:
                     raise
                 signed, signed_again = sign_again(), True
             except Exception as err:
+                sends += not isinstance(err, ConnectionRefusedError)
                 if not is_transient(err) or sends >= SUBMIT_SENDS or time.monotonic() > end:
                     raise
                 time.sleep(self.poll_interval)

@@ -468,7 +468,8 @@ class Worker:
         return {
             "address": self.address,
             "device": compute.device_name(self.device),
-            "accepting_jobs": not self._stop.is_set() and not self._withdrawing,
+            "accepting_jobs": not self._stop.is_set() and not self._withdrawing
+            and self._stake_wei >= self._min_stake,
             "in_flight": sum(s not in FINISHED for s in stages),
             "completed": forgotten["verified"] + stages.count("verified"),
             "failed": forgotten["failed"] + stages.count("failed"),
@@ -709,20 +710,22 @@ class Worker:
 
     def _resume(self) -> None:
         """Pick up jobs a previous run claimed or committed but did not finish, including a
-        claim mined just before a crash that the state file never recorded."""
+        claim mined just before a crash that the state file never recorded. Each look-up is
+        retried: a worker started as its chain node restarted (a host's or compose's restart
+        of both) exited here, and its claims expired."""
         known = {r.job_id for r in self.jobs if r.stage not in FINISHED}
         # the scan of every JobClaimed (and a getJob per id) only where the chain counts
         # claims or commits of this worker in flight: a restart cost one call per job ever done
-        unknown = self.chain.claimed_by(self.address) - known \
-            if self.chain.worker_info(self.address)[2] else set()
+        unknown = self._retry(self.chain.claimed_by, self.address) - known \
+            if self._retry(self.chain.worker_info, self.address)[2] else set()
         for job_id in unknown:
-            job = self.chain.job(job_id)
+            job = self._retry(self.chain.job, job_id)
             if job.worker == self.address and job.status in (JOB_CLAIMED, JOB_COMMITTED):
                 self._take_up(job)
         for record in list(self.jobs):
             if record.stage in FINISHED:
                 continue
-            job = self.chain.job(record.job_id)
+            job = self._retry(self.chain.job, record.job_id)
             if job.worker != self.address or job.status not in (JOB_CLAIMED, JOB_COMMITTED):
                 self._settle_after_restart(record, job)
                 continue
@@ -806,7 +809,9 @@ class Worker:
             try:
                 if self._block_one is None:
                     self._block_one = self._block_one_hash(self._head)
-                self._stake_wei, withdraw_block, _ = self.chain.worker_info(self.address)
+                stake, withdraw_block, _ = self.chain.worker_info(self.address)
+                self._warn_if_cut_below_minimum(stake)
+                self._stake_wei = stake
                 if withdraw_block:  # requested elsewhere too (`needle-net withdraw`): the
                     # chain refuses every claim and commit now, which cost gas and jobs
                     self._withdrawing = True
@@ -816,6 +821,17 @@ class Worker:
                 if not is_transient(err):
                     log.exception("account refresh failed")
                 self.metrics.chain_errors.inc()
+
+    def _warn_if_cut_below_minimum(self, stake: int) -> None:
+        """Say once when slashes (claims that expired, say while it restarted) cut the stake
+        below the market's minimum: the chain refuses every claim then, and the worker
+        skipped every job silently, /status saying it accepted them."""
+        if self._min_stake > stake and self._stake_wei >= self._min_stake \
+                and not self._withdrawing:
+            log.warning("the stake, %s, is below the market's minimum of %s after slashes: "
+                        "taking no jobs until it is topped up (`needle-net stake`, or a "
+                        "restart, which stakes --stake again)", _eth(stake),
+                        _eth(self._min_stake))
 
     def _take_candidates(self) -> None:
         """Start work on acceptable open jobs: small ones as one batch, large ones claimed."""
