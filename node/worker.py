@@ -168,9 +168,10 @@ def admin_token(path: Path | None) -> str | None:
     if path is None:  # compose passes an unset variable as empty: closed, as unset
         return (os.environ.get(ADMIN_TOKEN_ENV) or "").strip() or None
     try:
-        token = path.read_text().strip()
+        token = path.read_text(encoding="utf-8").strip()  # as the API compares it, whatever
+        # the locale (a non-ASCII token read otherwise never matched)
     except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else "not a text file"
+        reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
         raise WorkerStartError(f"cannot read the admin token file {path}: {reason}") from err
     if not token:
         raise WorkerStartError(f"the admin token file {path} is empty")
@@ -322,6 +323,9 @@ class Worker:
             self._saved_block = self._next_block
             self._api_server = None
             self._withdrawing = False
+            # the chain has shown this stake's withdrawal requested (here or elsewhere): its
+            # end with the stake still there means a `stake` elsewhere cancelled it
+            self._withdrawal_on_chain = False
             self._withdraw_lock = threading.Lock()  # one requestWithdraw for calls that overlap
             self._min_stake = 0
             self._api_socket = self._bind_api()  # last: nothing after it fails to close it
@@ -703,7 +707,7 @@ class Worker:
         if withdraw_block:  # requested before a restart: the chain refuses every claim now
             log.info("withdrawal of the stake pending (block %d): taking no jobs",
                      withdraw_block)
-        self._withdrawing = bool(withdraw_block)
+        self._withdrawing = self._withdrawal_on_chain = bool(withdraw_block)
         self._stake_wei = stake
         self._min_stake = self.chain.min_stake()
         self.metrics.stake.set(stake)
@@ -814,13 +818,23 @@ class Worker:
                 self._stake_wei = stake
                 if withdraw_block:  # requested elsewhere too (`needle-net withdraw`): the
                     # chain refuses every claim and commit now, which cost gas and jobs
-                    self._withdrawing = True
+                    self._withdrawing = self._withdrawal_on_chain = True
+                elif self._withdrawal_on_chain and stake >= self._min_stake > 0:
+                    self._reopen_after_cancelled_withdrawal(stake)
                 self._balance_wei = self.chain.balance_of(self.address)
                 self.metrics.stake.set(self._stake_wei)
             except Exception as err:  # noqa: BLE001 - the next refresh tries again
                 if not is_transient(err):
                     log.exception("account refresh failed")
                 self.metrics.chain_errors.inc()
+
+    def _reopen_after_cancelled_withdrawal(self, stake: int) -> None:
+        """A withdrawal the chain showed is gone while the stake stayed: `needle-net stake`
+        (registering again) cancelled it. The worker took no job again until restarted.
+        A request of its own not yet mined was never shown, so it is not undone here."""
+        self._withdrawal_on_chain = self._withdrawing = False
+        log.info("the stake's withdrawal was cancelled (stake %s): taking jobs again",
+                 _eth(stake))
 
     def _warn_if_cut_below_minimum(self, stake: int) -> None:
         """Say once when slashes (claims that expired, say while it restarted) cut the stake

@@ -259,3 +259,25 @@ def test_a_worker_killed_after_a_batch_verdict_counts_the_batch_after_a_restart(
         stop_worker(restarted, thread)
         submitter.close()
 
+
+
+def test_a_withdrawal_cancelled_outside_the_worker_opens_it_again(node, tmp_path):
+    """`needle-net withdraw`, then `needle-net stake`, with the worker's key while it runs:
+    the first closed it (the chain refuses claims while a withdrawal is pending), but after
+    the second, which cancels the withdrawal, it still took no job until it was restarted."""
+    account = dev_account(18)
+    worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER), account)
+    thread = run_worker(worker)
+    owner = Market(node.url, account)
+    try:
+        wait_for(lambda: worker.status()["stake_wei"] > 0, 30, "the worker never started")
+        owner.send("requestWithdraw")
+        wait_for(lambda: worker.status()["accepting_jobs"] is False, 30,
+                 "the worker still accepts jobs after its stake's withdrawal was requested")
+        owner.send("register", value=1)  # a top-up cancels the withdrawal (the contract's rule)
+        assert owner.worker_info(account.address)[1] == 0
+        wait_for(lambda: worker.status()["accepting_jobs"] is True, 30,
+                 "the worker still refuses jobs after its withdrawal was cancelled")
+    finally:
+        stop_worker(worker, thread)
+        owner.close()
