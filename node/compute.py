@@ -42,14 +42,21 @@ def _needle_devices() -> list:
 def best_device():
     """The needle device float jobs run on, or None to use plain numpy.
 
-    `NEEDLE_NET_DEVICE` (cuda, cpu, numpy) forces a choice.
+    `NEEDLE_NET_DEVICE` (cuda, cpu, numpy) forces a choice; one this machine lacks is a
+    ValueError (it fell back to plain numpy silently: a GPU worker whose CUDA module failed
+    to build ran on the CPU unsaid).
     """
     wanted = os.environ.get("NEEDLE_NET_DEVICE")
-    for device in _needle_devices():
+    devices = _needle_devices()
+    for device in devices:
         name = getattr(device, "name", "")
         if wanted is None or name == wanted or (wanted == "numpy" and "numpy" in name):
             return device
-    return None
+    if wanted in (None, "numpy"):  # no needle at all: plain numpy is the numpy device
+        return None
+    have = ", ".join(getattr(d, "name", "?") for d in devices) or "plain numpy only"
+    raise ValueError(f"NEEDLE_NET_DEVICE={wanted}: this machine has no such device "
+                     f"(it has: {have}); use cuda, cpu or numpy, or unset it")
 
 
 PROBE_SIZE = 512  # the start-up probe's product: PROBE_SIZE^3, float32

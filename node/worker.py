@@ -285,9 +285,9 @@ class Worker:
         self._dir_lock = _lock_data_dir(Path(config.data_dir))
         try:
             self.metrics = NodeMetrics()
+            self.device = compute.best_device()  # first: a device it lacks ends the start
             self.chain = self._connect()
             self._await_funds()
-            self.device = compute.best_device()
             self._compute_rate = RecentLowest(compute.measure_throughput(self.device))
             self._transfer_rate = RecentLowest(DEFAULT_TRANSFER_BYTES_PER_SECOND)
             self._pace = BlockPace()

@@ -152,3 +152,18 @@ def test_exact_slices_on_a_needle_device(a_shape, b_shape):
     a, b = _extreme_ints(rng, a_shape, np.int8), _extreme_ints(rng, b_shape, np.int8)
     c = compute._chunked(a, b, np.float32, 128 * 128, device)
     np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("wanted", ["cpu", "numpy", "cuda", "tpu"])
+def test_a_forced_device_is_that_device_or_a_start_error(wanted, monkeypatch):
+    """NEEDLE_NET_DEVICE naming a device this machine lacks (cuda without a GPU) fell back
+    to plain numpy without a word; now it is a ValueError naming what there is."""
+    monkeypatch.setenv("NEEDLE_NET_DEVICE", wanted)
+    names = [d.name for d in compute._needle_devices()]
+    available = wanted in names or (wanted == "numpy" and any("numpy" in n for n in names))
+    if not available and wanted != "numpy":
+        with pytest.raises(ValueError, match=f"NEEDLE_NET_DEVICE={wanted}: .*no such device"):
+            compute.best_device()
+        return
+    device = compute.best_device()
+    assert device is not None and (device.name == wanted or "numpy" in device.name)
