@@ -16,6 +16,7 @@ import json
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -54,6 +55,7 @@ STORE_HEADER = "x-blob-store"  # a store's `identity`, on every reply of both bl
 CONNECT_TIMEOUT = 3.0  # s: a blob port that does not accept sooner is taken as firewalled
 PROBE_TIMEOUT = 10.0  # s, at most, for the one small request that asks a port which store
 PROBE_PATH = "/0x" + "00" * ID_BYTES  # what that request asks for (any reply names the store)
+REFUSED_RETRY_SECONDS = 0.25  # pause between tries of a request the store refused to connect
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # 507, not 500
 
 log = logging.getLogger(__name__)
@@ -598,16 +600,24 @@ class BlobClient:
     behind it (a port mapping, another devnet's listener): before its first request the
     client asks both URLs once which store they serve (`STORE_HEADER`), and uses `base_url`
     only if they name the same one (an older node, which names none, is used through the
-    fallback)."""
+    fallback).
+
+    `refused_upload_wait` is how long an upload (PUT, POST) whose connection is refused (the
+    store restarting) is tried again before the refusal is raised: a refused connection
+    delivered nothing, so nothing is sent twice, and blobs of the same `put_arrays` that
+    arrived are not sent again. 0 (the default) raises it at once, for callers that retry
+    on their own terms (downloads always: their callers retry them)."""
 
     def __init__(self, base_url: str, max_bytes: int, timeout: float = 60.0,
                  fallback_url: str | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT,
+                 refused_upload_wait: float = 0.0) -> None:
         self.connections = Connections(base_url, timeout, blocksize=CHUNK)
         self.fallback = None if fallback_url is None else Connections(
             fallback_url, timeout, blocksize=CHUNK)
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.refused_upload_wait = refused_upload_wait
         self._upload_pool: ThreadPoolExecutor | None = None
         self._hashers: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -676,6 +686,20 @@ class BlobClient:
 
     def _request(self, method: str, id_: bytes | None, parts=(), length: int = 0
                  ) -> http.client.HTTPResponse:
+        """`_request_once`; an upload tried again while the store refuses the connection,
+        for up to `refused_upload_wait` seconds (only a refusal: a reset or cut connection
+        may have delivered it)."""
+        end = time.monotonic() + (self.refused_upload_wait if method in ("PUT", "POST") else 0)
+        while True:
+            try:
+                return self._request_once(method, id_, parts, length)
+            except ConnectionRefusedError:
+                if time.monotonic() + REFUSED_RETRY_SECONDS > end:
+                    raise
+                time.sleep(REFUSED_RETRY_SECONDS)
+
+    def _request_once(self, method: str, id_: bytes | None, parts=(), length: int = 0
+                      ) -> http.client.HTTPResponse:
         """`parts` (`length` bytes in all) is iterated once per attempt: a keep-alive
         connection the server closed is retried with the whole body again."""
         connections = self._route()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 
@@ -207,6 +207,9 @@ class JobClient:
         if not hasattr(account, "key"):
             account = Account.from_key(account)
         self.market = Market(rpc_url, account, max_blob_bytes)
+        # A and B uploaded while the chain node (its blob store) restarts: a refused
+        # connection is waited out until the timeout, as the submission's send is
+        self.market.blobs.refused_upload_wait = timeout
         self.address = account.address
         self.fee_wei = fee_wei
         self.timeout = timeout
@@ -282,8 +285,7 @@ class JobClient:
         mark("job uploaded")
         signed = receipt = None
         try:
-            signed = signing.result() if signing else \
-                self._sign_submission(flat, shapes, precisions)
+            signed = _presigned(signing) or self._sign_submission(flat, shapes, precisions)
             receipt = self._send_submission(
                 signed, lambda: self._sign_submission(flat, shapes, precisions))
             times = {"start": start, "uploaded": uploaded, "submitted": time.perf_counter()}
@@ -558,6 +560,20 @@ class JobClient:
             raise RemoteJobError("check", "the result failed the client's own Freivalds check",
                                  p.job_id)
         return np.array(c, dtype=np.int64 if exact else np.float32)
+
+
+def _presigned(signing: Future | None) -> tuple | None:
+    """The submission signed while its operands uploaded; None if it was not, or if its
+    signing found the node unreachable (restarting while the upload waited for it): that
+    took no nonce, and it is signed now that the store, the node's, took the operands."""
+    if signing is None:
+        return None
+    try:
+        return signing.result()
+    except Exception as err:
+        if not is_transient(err):
+            raise
+        return None
 
 
 def _finished(pending: list[_Pending]) -> dict[int, np.ndarray]:

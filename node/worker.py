@@ -472,8 +472,7 @@ class Worker:
         return {
             "address": self.address,
             "device": compute.device_name(self.device),
-            "accepting_jobs": not self._stop.is_set() and not self._withdrawing
-            and self._stake_wei >= self._min_stake,
+            "accepting_jobs": not self._stop.is_set() and self._may_claim(),
             "in_flight": sum(s not in FINISHED for s in stages),
             "completed": forgotten["verified"] + stages.count("verified"),
             "failed": forgotten["failed"] + stages.count("failed"),
@@ -856,7 +855,7 @@ class Worker:
         now, self._next_turn = time.monotonic(), None
         for job_id in list(self._candidates):
             busy = self._tasks + bool(small) >= self.config.max_in_flight
-            if busy or self._stop.is_set() or self._withdrawing:
+            if busy or self._stop.is_set() or not self._may_claim():
                 break
             turn = self._seen.get(job_id, 0.0) + PEER_GRACE_SECONDS * ranked(job_id)
             if now < turn:  # a peer ranked before this worker may still take it
@@ -886,6 +885,13 @@ class Worker:
                 self._candidates[job_id] = job
         if small:
             self._start_batch(small)
+
+    def _may_claim(self) -> bool:
+        """Whether the chain takes this worker's claims: no withdrawal requested, the stake
+        at the market's minimum. While it does not, open jobs stay candidates, taken once
+        it does again (a stake cut short by slashes and topped up): skipped then, they were
+        forgotten, their JobSubmitted behind the scan, and stayed open."""
+        return not self._withdrawing and self._stake_wei >= self._min_stake
 
     def _flops_in_hand(self) -> int:
         """FLOPs of the jobs this worker took and has not yet computed: they share its
@@ -942,8 +948,7 @@ class Worker:
         flops = _flops(job.batch, job.m, job.k, job.n)
         operand_bytes = 8 * job.batch * (job.m * job.k + job.k * job.n + job.m * job.n)
         return (
-            self._stake_wei >= self._min_stake
-            and job.fee_wei >= self.config.min_fee_wei
+            job.fee_wei >= self.config.min_fee_wei
             and flops <= self.config.max_flops
             and operand_bytes <= self.config.max_operand_bytes
             and job.precision in PRECISIONS
@@ -985,12 +990,24 @@ class Worker:
             if job.worker != self.address or job.status != JOB_CLAIMED:
                 log.info("claim of job %d lost: %s", record.job_id, err)
                 self._drop([record])
+                if job.status == JOB_OPEN:
+                    self._keep_refused(job)
                 return None
             log.info("job %d: claimed by an earlier send of this claim", record.job_id)
             deadline = job.deadline
         self._set_stage(record, "claimed")
         self.metrics.jobs.labels("claimed").inc()
         return deadline
+
+    def _keep_refused(self, job: Job) -> None:
+        """A claim the chain refused while the job stayed open: a slash cut the stake below
+        the minimum since the last refresh (once a second). The stake is read now, so no
+        other claim is wasted on the stale view, and the job stays a candidate, taken once
+        the stake is topped up (dropped, it was forgotten)."""
+        stake = self._retry(self.chain.worker_info, self.address)[0]
+        self._warn_if_cut_below_minimum(stake)
+        self._stake_wei = stake
+        self._watch({job.job_id: job})
 
     def _drop(self, records: list[JobRecord]) -> None:
         """Take jobs that never became this worker's out of its books."""
@@ -1335,15 +1352,30 @@ class Worker:
             receipt = self._retry_for(job, self.chain.send_with_gas, COMMIT_GAS,
                                       "commitResult", job.job_id, c_id)
             committed = replace(job, status=JOB_COMMITTED, commit_block=receipt["blockNumber"])
-        except TxReverted:  # the retry of a send whose answer was lost, but which landed?
-            committed = self._retry_for(job, self.chain.job, job.job_id)
-            if not self._committed_by_me(committed):
+        except Exception as err:  # an earlier send, whose answer was lost, may have landed
+            if not (isinstance(err, TxReverted) or is_transient(err)):
                 raise
+            committed = self._own_commit(job)
+            if committed is None and isinstance(err, TxReverted):
+                raise
+            if committed is None:  # retried until the job loop saw the deadline pass
+                raise ClaimExpired(f"the claim's deadline, block {job.deadline}, passed while "
+                                   f"the chain node was unreachable ({err}): not committed"
+                                   ) from err
             log.info("job %d: committed by an earlier send of this commit", job.job_id)
         self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t3)
         self.metrics.jobs.labels("committed").inc()
         self._set_stage(record, "committed")
         return committed
+
+    def _own_commit(self, job: Job) -> Job | None:
+        """The claimed `job` as the chain has it if a commit of this worker's landed, else
+        None. Asked once a commit failed, perhaps past the deadline: an unreachable node is
+        waited for as long as such a commit could be finalised (given up at once, the job
+        was booked "error", with a traceback, rather than lost or expired)."""
+        current = self._retry_held(job.deadline + BLOCKHASH_WINDOW, self.chain.job,
+                                   job.job_id)
+        return current if self._committed_by_me(current) else None
 
     def _finalize(self, record: JobRecord, job: Job) -> None:
         """Finalise `job` (as committed; someone else may beat us to it) and record the
