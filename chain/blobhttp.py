@@ -720,9 +720,12 @@ class BlobClient:
         except (ConnectionRefusedError, BlobPortUnreachable) as exc:
             if self.fallback is None or connections is self.fallback:
                 raise
+            connections = self.fallback  # `send` takes its prefix
+            # refused there too, the node is down (restarting): the blob port is kept; it was
+            # given up for good, and every later transfer took the slower main port
+            response = connections.request(send)
             self._use_fallback(str(exc), logging.INFO)  # for every thread from now on
-            connections = self.fallback
-            return connections.request(send)
+            return response
 
     def _reply(self, response: http.client.HTTPResponse) -> bytes:
         """A reply's body (JSON or an error text), read only up to `REPLY_BYTES`: a longer

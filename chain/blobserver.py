@@ -517,7 +517,9 @@ class BlobServer:
 
     def close(self) -> None:
         """Stop accepting and cut every open connection (an upload in progress stores
-        nothing); waits for the listener's thread."""
+        nothing); waits for the listener's thread. Closing again does nothing."""
+        if self.closed:
+            return
         self.closed = True
         self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()

@@ -192,3 +192,35 @@ def test_a_claim_refused_after_a_slash_keeps_its_job_and_reads_the_stake(tmp_pat
         finally:
             submitter.close()
             worker.close()
+
+
+def test_a_client_keeps_the_blob_port_after_the_whole_node_was_down(tmp_path):
+    """A refused blob port moved every later transfer to the main port's /blobs for good,
+    even when the main port refused too (the node restarting): now the move is made only
+    once the fallback answers, and the blob port is used again when the node is back."""
+    from chain.blobhttp import BlobClient
+    from chain.blobs import BlobStore
+    from chain.blobserver import BlobServer
+
+    store = BlobStore(tmp_path / "blobs", 1 << 20, reserve_bytes=0)
+    fast, main = BlobServer(store).start(), BlobServer(store).start()  # one store, two ports
+    ports = fast.port, main.port
+    client = BlobClient(f"http://127.0.0.1:{ports[0]}/blobs", 1 << 20,
+                        fallback_url=f"http://127.0.0.1:{ports[1]}/blobs")
+    try:
+        id_ = client.put(encode_array(np.arange(6, dtype=np.int32)))
+        assert client.connections is not client.fallback
+        fast.close()
+        main.close()
+        with pytest.raises(ConnectionRefusedError):
+            client.has(id_)
+        assert client.connections is not client.fallback  # the blob port kept
+        fast = BlobServer(store, port=ports[0]).start()
+        main = BlobServer(store, port=ports[1]).start()
+        assert client.has(id_) and client.connections is not client.fallback
+        main.close()  # the blob port alone up: the main port's state does not matter now
+        assert client.has(id_)
+    finally:
+        client.close()
+        fast.close()
+        main.close()
