@@ -224,8 +224,8 @@ class Node:
         valid is logged and dropped."""
         raws = take_unsealed(self.db)
         for raw in raws:
-            try:
-                self.admit(raw)
+            try:  # one the base fee overtook was kept pending for its fee: kept again
+                self._admit(decode_transaction(raw), below_base_fee=True)
             except TxRejected as exc:
                 log.warning("dropped a transaction kept at the last stop: %s", exc)
         if raws:
@@ -287,9 +287,11 @@ class Node:
             with self._admissions:
                 self._admitting -= 1
 
-    def _admit(self, tx: SignedTransactionAPI) -> bytes:
+    def _admit(self, tx: SignedTransactionAPI, below_base_fee: bool = False) -> bytes:
         """Checked against the head and the pending transactions under the mempool's lock;
-        a block being sealed meanwhile moves both together (``_set_head``)."""
+        a block being sealed meanwhile moves both together (``_set_head``). `below_base_fee`:
+        a max fee under the next base fee is admitted, to wait for a cheaper block (as
+        ``_select`` keeps one the base fee overtook)."""
         with self.mempool.lock:
             if tx.hash in self.mempool.by_hash:
                 raise TxRejected(f"already known: transaction 0x{tx.hash.hex()} is pending")
@@ -316,7 +318,7 @@ class Node:
             if tx.gas < tx.intrinsic_gas:
                 raise TxRejected(f"intrinsic gas too low: {tx.gas} < {tx.intrinsic_gas}")
             check_prague_limits(tx)
-            if tx.max_fee_per_gas < base_fee:
+            if tx.max_fee_per_gas < base_fee and not below_base_fee:
                 raise TxRejected(f"max fee per gas {tx.max_fee_per_gas} is below the base fee "
                                  f"{base_fee}")
             committed = self.mempool.committed.get(tx.sender, 0)

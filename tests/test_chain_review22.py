@@ -192,3 +192,29 @@ def test_up_and_verify_name_a_damaged_database_in_one_line(stored_chain, tmp_pat
         assert done.stderr == f"error: database {data_dir / DATABASE_FILE} cannot be read " \
             "(database disk image is malformed): it is damaged, truncated or not a chain " \
             "database\n", done.stderr
+
+
+def test_a_transaction_held_for_its_fee_survives_a_restart(tmp_path):
+    """A stop stores what it cannot seal; the next start admitted it again only if its max
+    fee still covered the base fee, so one the base fee had overtook was dropped at the
+    restart (logged), though the running node kept it. It is kept, and mined once the base
+    fee falls."""
+    node = in_process(tmp_path / "data")
+    whale, sender = dev_accounts(2)
+    fee = node.next_base_fee()
+    node.admit(burner(whale, 0, node.head().gas_limit - 10_000))  # the block is full
+    held = node.admit(signed(sender, 0, maxFeePerGas=fee))
+    assert len(node.seal().transactions) == 1
+    node.admit(burner(whale, 1, node.head().gas_limit - 10_000))
+    assert len(node.seal().transactions) == 1  # two full blocks: the base fee up 12.5 % twice
+    assert list(node.mempool.by_hash) == [held]
+    node.stop()  # its last (empty) block lowers the base fee once, not below the cap
+    node = in_process(tmp_path / "data")
+    try:
+        assert node.next_base_fee() > fee and list(node.mempool.by_hash) == [held]
+        for _ in range(4):  # empty blocks until the base fee is back under the cap
+            if [tx.hash for tx in node.seal().transactions] == [held]:
+                break
+        assert node.state_at().get_nonce(address(sender)) == 1
+    finally:
+        node.stop()
