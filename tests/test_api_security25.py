@@ -4,15 +4,11 @@ rebinding) must not read the API or try admin tokens on it; an admin token with 
 characters must open the admin routes; no answer may be framed by another site or
 sniffed as another type."""
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
 import test_dashboard
-import uvicorn
 from test_blob_review import FakeNode, asgi_server
 from test_dashboard import CHROMIUM, Page
 
@@ -58,32 +54,13 @@ def _routable_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-@contextmanager
-def serving_on(app, host: str) -> Iterator[int]:
-    """`app` served by uvicorn on `host` (a free port, yielded)."""
-    sock = socket.create_server((host, 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
 def test_any_host_name_is_served_on_a_network_address():
     """A worker that serves the network (compose binds 0.0.0.0) is reached by names of its
     operator's choosing: only loopback connections are checked."""
     address = _routable_address()
     if address is None:
         pytest.skip("this machine has no address but loopback")
-    with serving_on(create_app(FakeNode(), None), address) as port:
+    with asgi_server(create_app(FakeNode(), None), address) as port:
         response = httpx.get(f"http://{address}:{port}/status",
                              headers={"Host": f"gpu-box.example:{port}"})
     assert response.status_code == 200

@@ -264,10 +264,11 @@ def test_duplicate_and_concurrent_uploads(node, port):
 
 
 @contextmanager
-def asgi_server(app) -> Iterator[int]:
-    """`app` served by uvicorn on a thread, on a free port of 127.0.0.1 (yielded)."""
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+def asgi_server(app, host: str = "127.0.0.1", **options) -> Iterator[int]:
+    """`app` served by uvicorn on a thread, on a free port of `host` (yielded); `options`
+    for uvicorn.Config (its protocol, say)."""
+    sock = socket.create_server((host, 0))
+    server = uvicorn.Server(uvicorn.Config(app, **{"log_level": "warning", **options}))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -3,14 +3,11 @@
 short and the node's long-poll waiters counted): request heads that never end or never
 finish, long polls whose clients go away, JSON-RPC bodies that stop half-way."""
 import socket
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
-import uvicorn
 from helpers import wait_for
-from test_blob_review import FakeNode
+from test_blob_review import FakeNode, asgi_server
 
 import chain.blobserver
 from chain.blobserver import UVICORN_HEAD_LIMIT, BoundedHttpProtocol
@@ -22,21 +19,10 @@ pytestmark = pytest.mark.timeout(60)
 LONG_POLLS = 40
 
 
-@contextmanager
-def serving(app) -> Iterator[int]:
+def serving(app):
     """`app` under uvicorn with the protocol the node and the worker are to serve with, on a
     free port of 127.0.0.1 (yielded)."""
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", http=BoundedHttpProtocol))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 10, "uvicorn started")
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    return asgi_server(app, log_level="critical", http=BoundedHttpProtocol)
 
 
 @pytest.fixture(scope="module")
