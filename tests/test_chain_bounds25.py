@@ -7,26 +7,12 @@ import struct
 import time
 
 import pytest
+from test_chain_review22 import burner, signed
 
 from chain.devnet import dev_accounts
 from chain.node import Node, NodeConfig
-from chain.params import CHAIN_ID
 
 pytestmark = pytest.mark.timeout(300)
-POOL = "0x0000000000000000000000000000000000000FEE"
-
-
-def signed(account, nonce: int, **fields) -> bytes:
-    tx = {"to": POOL, "value": 1, "gas": 21_000, "maxFeePerGas": 10**11,
-          "maxPriorityFeePerGas": 1, "nonce": nonce, "chainId": CHAIN_ID, "type": 2, **fields}
-    return bytes(account.sign_transaction(tx).raw_transaction)
-
-
-def burner(account, nonce: int, gas: int) -> bytes:
-    """A creation whose initcode is INVALID: it uses all of its gas at once."""
-    return signed(account, nonce, to=None, value=0, data=b"\xfe", gas=gas)
-
-
 def in_process(data_dir, **options) -> Node:
     """A node whose blocks the test seals itself (``seal``), no producer thread."""
     return Node(NodeConfig(data_dir, block_time=0, decode_process=False, **options))
