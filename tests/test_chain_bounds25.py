@@ -13,6 +13,8 @@ from chain.devnet import dev_accounts
 from chain.node import Node, NodeConfig
 
 pytestmark = pytest.mark.timeout(300)
+
+
 def in_process(data_dir, **options) -> Node:
     """A node whose blocks the test seals itself (``seal``), no producer thread."""
     return Node(NodeConfig(data_dir, block_time=0, decode_process=False, **options))
