@@ -111,12 +111,14 @@ PATH_STEPS = [
 ]
 
 
-def path_medians(path: str, roles: dict[int, str], skip: int = 2) -> None:
-    """Median and 90th percentile over the lone jobs (the first `skip` left out) of each
-    step of PATH_STEPS, from its anchor, and the median time from the job's start."""
+def path_medians(path: str, roles: dict[int, str], since_ns: int, skip: int = 2) -> None:
+    """Median and 90th percentile over the lone jobs started from `since_ns` on (the
+    overhead part's: the latency part's larger jobs are in the file too; the first `skip`
+    left out) of each step of PATH_STEPS, from its anchor, and the median time from the
+    job's start."""
     marks = timeline.read(path)
-    starts = [i for i, (_, pid, label) in enumerate(marks)
-              if label == "job start" and roles.get(pid) == "client"][skip:]
+    starts = [i for i, (ns, pid, label) in enumerate(marks)
+              if label == "job start" and roles.get(pid) == "client" and ns >= since_ns][skip:]
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in PATH_STEPS}
     for n, first in enumerate(starts):
         end = starts[n + 1] if n + 1 < len(starts) else len(marks)
@@ -165,6 +167,7 @@ def main() -> None:
         if "latency" in args.parts:
             latency(client, rng, args.sizes, raw)
         if "overhead" in args.parts:
+            overhead_start = time.monotonic_ns()  # the timeline's clock
             overhead(client, rng, {"node": net.chain.pid, "client": os.getpid(),
                                    **{f"worker{w.index}": w.process.pid for w in net.workers}})
             if args.timeline:
@@ -172,7 +175,7 @@ def main() -> None:
                          **{w.process.pid: f"worker{w.index}" for w in net.workers}}
                 print("\n== timeline of the last job (every process's marks)")
                 print_timeline(args.timeline, roles)
-                path_medians(args.timeline, roles)
+                path_medians(args.timeline, roles, overhead_start)
         if "transaction" in args.parts:
             transaction(client)
         if "small" in args.parts:
