@@ -64,6 +64,7 @@ from node.metrics import NodeMetrics
 log = logging.getLogger("needle.worker")
 
 CHEAT_ENV = "NEEDLE_NET_ALLOW_CHEAT"
+REGISTER_ATTEMPTS = 3  # top-ups of the stake at start, each after a fresh read of it
 LOCK_FILE = "worker.lock"  # held (flock) by the worker using the data dir; holds its pid
 
 
@@ -699,10 +700,18 @@ class Worker:
         cancels it, so a worker restarted after a slash took jobs again, its owner's
         withdrawal undone, where one whose stake was whole stayed closed."""
         stake, withdraw_block, _ = self.chain.worker_info(self.address)
-        if stake < self.config.stake_wei and not withdraw_block:
-            self.chain.send("register", value=self.config.stake_wei - stake)
+        for attempt in range(REGISTER_ATTEMPTS):
+            if stake >= self.config.stake_wei or withdraw_block:
+                break
+            try:
+                self.chain.send("register", value=self.config.stake_wei - stake)
+            except TxReverted:  # a slash in its block (a claim of the last run expiring)
+                # left the top-up short of the minimum: the worker exited; read, send again
+                if attempt + 1 == REGISTER_ATTEMPTS:
+                    raise
+            else:
+                log.info("registered %s with stake %d wei", self.address, self.config.stake_wei)
             stake, withdraw_block, _ = self.chain.worker_info(self.address)
-            log.info("registered %s with stake %d wei", self.address, stake)
         if withdraw_block:  # requested before a restart: the chain refuses every claim now
             log.info("withdrawal of the stake pending (block %d): taking no jobs",
                      withdraw_block)
