@@ -94,7 +94,7 @@ def test_exact_batch_with_an_oversized_entry_names_its_element_and_row():
     C[3, 0, 2] = -(2**62)
     result = verify(A, B, C, precision="exact", seed=SEED)
     assert not result.passed and result.worst_excess == 2  # the two rows holding them
-    assert f"above k * max|A| * max|B| = {6 * 128 * 128}:" in result.reason  # int8 dtypes
+    assert f"k * |A| * |B| <= 6 * 128 * 128 = {6 * 128 * 128}:" in result.reason  # int8 dtypes
     assert result.reason.endswith("(first row 3 of batch element (2,))")
     single = verify(A[0], B[2], C[2], precision="exact", seed=SEED)
     assert not single.passed and single.reason.endswith("(first row 3)")

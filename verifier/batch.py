@@ -10,7 +10,7 @@ import numpy as np
 
 from verifier import exact, floating, gpu_exact, gpu_float
 from verifier.arrays import as_array, module_of
-from verifier.result import VerifyResult
+from verifier.result import VerifyResult, false_accept_bound
 from verifier.rng import P, Signs, as_seed, derive_seed, field_vectors
 
 PRECISIONS = ("fp32", "tf32", "bf16", "exact")
@@ -193,7 +193,7 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision,
 
 
 def _float_result(worst: float, rounds: int, reason: str) -> VerifyResult:
-    return VerifyResult(worst <= 0, worst, rounds, 2.0**-rounds, reason)
+    return VerifyResult(worst <= 0, worst, rounds, false_accept_bound(2, rounds), reason)
 
 
 class DeviceExact(NamedTuple):
@@ -267,14 +267,15 @@ def _verify_exact(xp, A, B, C, batch, k, n, rounds, seed) -> VerifyResult:
         raise ValueError(f"exact mode needs k * max|A| * max|B| < (2^61 - 1) / 2 so that C is "
                          f"determined mod p; here it is {product_bound}")
     bound_c = exact.magnitude(C, P - product_bound - 1)
-    bound = max(float(P) ** -rounds, 5e-324)  # p^-rounds, kept above float64's underflow
+    bound = false_accept_bound(P, rounds)
     if bound_c + product_bound >= P:  # then bound_c > product_bound: C cannot be the product
         too_large = ((C > product_bound) | (C < -product_bound)).reshape(-1, n).any(axis=1)
         *index, row = (int(i) for i in np.unravel_index(int(too_large.argmax()),
                                                          (*batch, C.shape[-2])))
         return VerifyResult(False, float(too_large.sum()), rounds, bound,
-                            f"C has an entry of magnitude {bound_c}, above k * max|A| * max|B| "
-                            f"= {product_bound}: not the integer product of A and B (first "
+                            f"C has an entry of magnitude {bound_c}, above the largest the "
+                            f"product can hold, k * |A| * |B| <= {k} * {bound_a} * {bound_b} = "
+                            f"{product_bound}: not the integer product of A and B (first "
                             f"{_where(tuple(index), row)})")
     bounds, R = (bound_b, bound_c, bound_a), None
     mismatches, first = 0, None
