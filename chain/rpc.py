@@ -41,8 +41,20 @@ from chain.params import (
 from chain.timeline import mark
 
 CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
-REVERT_SELECTOR = bytes.fromhex("08c379a0")
+REVERT_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
+PANIC_SELECTOR = bytes.fromhex("4e487b71")  # Panic(uint256): Solidity's checks, assert
+PANIC_REASONS = {  # geth's words for Solidity's panic codes
+    0x00: "generic panic", 0x01: "assert(false)", 0x11: "arithmetic underflow or overflow",
+    0x12: "division or modulo by zero", 0x21: "enum overflow",
+    0x22: "invalid encoded storage byte array accessed",
+    0x31: "out-of-bounds array access; popping on an empty array",
+    0x32: "out-of-bounds access of an array or bytesN", 0x41: "out of memory",
+    0x51: "uninitialized function",
+}
 FILTER_TTL = 300.0
+# eth_createAccessList's traces at most: each pass runs the call with the last pass's list;
+# a path that keeps changing its list with it gets the last one (its gas is still the real one)
+ACCESS_LIST_PASSES = 8
 UINT256_LIMIT = 2**256  # quantities (values, slots, block numbers) are below it
 MAX_TOPICS = 4  # LOG0..LOG4: a filter with more positions can match nothing (geth refuses it)
 # JSON nested deeper than this is refused before it is parsed: json's C scanner recurses once
@@ -293,6 +305,55 @@ def apply_state_overrides(state, overrides: dict[bytes, dict]) -> None:
     state.lock_changes()
 
 
+def parse_access_list(value) -> list[tuple[bytes, list[int]]]:
+    """A call's EIP-2930 access list (geth's JSON: address and storageKeys); none if
+    absent."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+        raise invalid_params("accessList must be an array of objects")
+    return [(parse_address(e.get("address"), "accessList address"),
+             [int.from_bytes(parse_hash(k, "accessList storage key"), "big")
+              for k in e.get("storageKeys") or []]) for e in value]
+
+
+def record_accesses(state, accessed: dict[bytes, dict[int, None]]) -> None:
+    """Gather in `accessed` every account and slot the state's EIP-2929 warm marks reach
+    (opcodes, and the transaction's own pre-warmed ones), by address, in order; also those
+    of frames that reverted later, as geth's access-list tracer."""
+    mark_address, mark_slot = state.mark_address_warm, state.mark_storage_warm
+
+    def address_warm(address: bytes):
+        accessed.setdefault(address, {})
+        return mark_address(address)
+
+    def storage_warm(address: bytes, slot: int):
+        accessed.setdefault(address, {})[slot] = None
+        return mark_slot(address, slot)
+
+    state.mark_address_warm, state.mark_storage_warm = address_warm, storage_warm
+
+
+def created_addresses(computation) -> set[bytes]:
+    """The contracts a computation and its children created."""
+    created = {computation.msg.storage_address} if computation.msg.is_create else set()
+    for child in computation.children:
+        created |= created_addresses(child)
+    return created
+
+
+def access_list_json(accessed: dict[bytes, dict[int, None]], computation) -> list[dict]:
+    """geth's access list of what a call accessed: accounts with the slots read or written,
+    less those warm anyway (sender, recipient, precompiles, coinbase) and the contracts it
+    created, unless their slots are listed."""
+    msg = computation.msg
+    warm = {msg.sender, msg.storage_address, computation.state.coinbase,
+            *computation.precompiles, *created_addresses(computation)}
+    return [{"address": checksummed(address),
+             "storageKeys": [d(slot.to_bytes(32, "big")) for slot in slots]}
+            for address, slots in accessed.items() if slots or address not in warm]
+
+
 def costless_state(vm):
     """The state py-evm's ``vm.in_costless_state()`` gives (the block after the VM's header,
     with no base fee), without the revert that closes it: the state is dropped after the
@@ -320,14 +381,26 @@ def new_filter_id() -> str:
     return q(secrets.randbits(128) | 1 << 127)
 
 
+def revert_reason(output: bytes) -> str | None:
+    """The readable reason of revert data as geth words it: an Error(string)'s text, a
+    Panic(uint256)'s meaning; None for other data (a custom error, none at all)."""
+    try:
+        if output[:4] == REVERT_SELECTOR:
+            return abi_decode(["string"], output[4:])[0]
+        if output[:4] == PANIC_SELECTOR:
+            code = abi_decode(["uint256"], output[4:])[0]
+            return PANIC_REASONS.get(code, f"unknown panic code: {code:#x}")
+    except Exception:  # data that only starts like one: no reason, as geth
+        return None
+    return None
+
+
 def revert_error(output: bytes) -> RpcError:
-    reason = ""
-    if output[:4] == REVERT_SELECTOR:
-        try:
-            reason = ": " + abi_decode(["string"], output[4:])[0]
-        except Exception:
-            reason = ""
-    return RpcError(3, f"execution reverted{reason}", d(output))
+    """geth's answer to a reverted call: code 3, its reason in the message and its revert
+    data; a revert without data has no data field (it had "0x")."""
+    reason = revert_reason(output)
+    message = "execution reverted" if reason is None else f"execution reverted: {reason}"
+    return RpcError(3, message, d(output) if output else None)
 
 
 def block_rewards(block, receipts: list, percentiles: list[float]) -> list[int]:
@@ -616,11 +689,15 @@ class Rpc:
         value = parse_quantity(call.get("value", "0x0"), "value")
         if value > state.get_balance(sender):  # geth's words, which web3 reports as such
             raise RpcError(-32000, "insufficient funds for transfer")
+        access_list = parse_access_list(call.get("accessList"))
         vm = self.node.chain.get_vm(self.node.head())
-        tx = vm.create_unsigned_transaction(
-            nonce=state.get_nonce(sender), gas_price=0, gas=min(gas, gas_cap), to=to,
-            value=value, data=data,
-        )
+        fields = dict(nonce=state.get_nonce(sender), gas_price=0, gas=min(gas, gas_cap), to=to,
+                      value=value, data=data)
+        if access_list:  # geth runs a call with its access list (warm, and paid for)
+            tx = vm.get_transaction_builder().new_unsigned_access_list_transaction(
+                chain_id=CHAIN_ID, access_list=access_list, **fields)
+        else:
+            tx = vm.create_unsigned_transaction(**fields)
         if tx.gas < tx.intrinsic_gas:  # py-evm would fail on a negative message gas (-32603)
             raise RpcError(-32000, f"intrinsic gas too low: gas {tx.gas} < intrinsic gas "
                                    f"{tx.intrinsic_gas}")
@@ -641,9 +718,11 @@ class Rpc:
             raise RpcError(-32000, f"execution failed: {computation.error!r}")
         return tx, computation
 
-    def _run(self, call: dict, tag, allowance: int | None = None, overrides: dict | None = None):
+    def _run(self, call: dict, tag, allowance: int | None = None, overrides: dict | None = None,
+             accessed: dict | None = None):
         """``_execute``'s run: the transaction and its computation, failed or not; within
-        what is left of the request's RPC_EVM_TIMEOUT."""
+        what is left of the request's RPC_EVM_TIMEOUT. ``accessed``: filled by
+        ``record_accesses``."""
         header = self.header_at(tag)
         shared = getattr(_execution, "left", None)  # None: not within a request (handle)
         left = RPC_EVM_TIMEOUT if shared is None else shared
@@ -657,6 +736,8 @@ class Rpc:
             if overrides:
                 apply_state_overrides(state, overrides)
             tx = self._spoof(call, state, min(header.gas_limit, allowance or header.gas_limit))
+            if accessed is not None:
+                record_accesses(state, accessed)
             state.computation_class = deadline_computation(state.computation_class)
             computation = state.costless_execute_transaction(tx)
         except ExecutionTimeout:
@@ -839,6 +920,32 @@ class Rpc:
             low, high = (low, middle) if enough(middle) else (middle, high)
         return high
 
+    def rpc_eth__createAccessList(self, call, block="latest"):
+        """geth's: the access list of what the call touches and the gas it uses with that
+        list, traced again with the list until the list stays the same (the list changes
+        the gas, which may change the path); a failed call has its error alongside."""
+        if not isinstance(call, dict):
+            raise invalid_params("call must be an object")
+        access_list = call.get("accessList") or []
+        for _ in range(ACCESS_LIST_PASSES):
+            accessed: dict[bytes, dict[int, None]] = {}
+            tx, computation = self._run({**call, "accessList": access_list}, block,
+                                        accessed=accessed)
+            traced = access_list_json(accessed, computation)
+            if traced == access_list:
+                break
+            access_list = traced
+        else:  # the last list traced differs from the list its gas was measured with
+            tx, computation = self._run({**call, "accessList": access_list}, block)
+        vm_class = self.node.chain.get_vm_class(self.header_at(block))
+        result = {"accessList": access_list,
+                  "gasUsed": q(vm_class.finalize_gas_used(tx, computation))}
+        if computation.is_error:
+            result["error"] = (revert_error(computation.output).message
+                               if isinstance(computation.error, Revert)
+                               else f"execution failed: {computation.error!r}")
+        return result
+
     def rpc_eth__gasPrice(self):
         return q(self.node.next_base_fee() + PRIORITY_FEE)
 
@@ -876,6 +983,25 @@ class Rpc:
             return None
         (block, _, _), index = found
         return self._tx_json(block.transactions[index], block, index)
+
+    def rpc_eth__getRawTransactionByHash(self, tx_hash):
+        """The signed bytes of a pending or mined transaction (web3's get_raw_transaction);
+        null if the node has none by that hash."""
+        tx_hash = parse_hash(tx_hash, "hash")
+        tx = self.node.mempool.by_hash.get(tx_hash)
+        if tx is None:
+            found = self._locate(tx_hash)
+            if found is None:
+                return None
+            (block, _, _), index = found
+            tx = block.transactions[index]
+        return d(tx.encode())
+
+    def rpc_eth__blobBaseFee(self):
+        """The head's blob base fee, by EIP-4844 from its excessBlobGas, as geth answers
+        (web3's blob_base_fee, viem's getBlobBaseFee). Blob transactions are refused here,
+        so the excess stays 0 and the fee at its minimum."""
+        return q(self.node.state_at(self.node.head()).blob_base_fee)
 
     def rpc_eth__getTransactionReceipt(self, tx_hash):
         found = self._locate(parse_hash(tx_hash, "hash"))
@@ -990,13 +1116,29 @@ class Rpc:
 
     def rpc_eth__newFilter(self, log_filter):
         matched = parse_log_filter(log_filter)
-        first, _ = self._log_range({**log_filter, "toBlock": "latest"})
-        if log_filter.get("fromBlock") in (None, "latest", "pending"):
-            first = self.node.head().block_number + 1  # only logs of blocks still to come
+        last = self._filter_end(log_filter.get("toBlock"))
+        first = self._block_ahead(log_filter.get("fromBlock"))
+        if first is None:
+            first, _ = self._log_range({**log_filter, "toBlock": "latest"})
+            if log_filter.get("fromBlock") in (None, "latest", "pending"):
+                first = self.node.head().block_number + 1  # only logs of blocks still to come
+        elif last is not None and first > last:
+            raise invalid_params(f"fromBlock {first} is after toBlock {last}")
         fid = new_filter_id()
         self._install(fid, {"kind": "logs", "criteria": log_filter, "matched": matched,
-                            "next": first, "last": self._filter_end(log_filter.get("toBlock"))})
+                            "next": first, "last": last})
         return fid
+
+    def _block_ahead(self, tag) -> int | None:
+        """The number of a block parameter naming a block past the head, else None. A log
+        filter may start there, as geth's: the node refused it ("block N not found"), and a
+        client had to poll for the head before it could ask for that block's logs."""
+        number_text = isinstance(tag, str) and len(tag) != BLOCK_HASH_TEXT \
+            and HEX_QUANTITY.fullmatch(tag)
+        if not number_text and type(tag) is not int:  # a tag, a hash, EIP-1898's object
+            return None
+        number = parse_quantity(tag, "fromBlock")
+        return number if number > self.node.head().block_number else None
 
     @staticmethod
     def _filter_end(to_block) -> int | None:
@@ -1053,7 +1195,8 @@ class Rpc:
             raise RpcError(-32000, f"filter {filter_id} not found")
         f["polled"] = time.monotonic()
         head = self.node.head().block_number
-        first, f["next"] = f["next"], head + 1
+        first = f["next"]
+        f["next"] = max(first, head + 1)  # a log filter's start may be ahead of the head
         if f["kind"] == "blocks":
             return [d(self.node.chain.get_canonical_block_hash(n)) for n in range(first, head + 1)]
         if f["kind"] == "pending":
@@ -1065,6 +1208,8 @@ class Rpc:
         f = self.filters.get(filter_id)
         if f is None or f["kind"] != "logs":
             raise RpcError(-32000, f"filter {filter_id} not found")
+        if self._block_ahead(f["criteria"].get("fromBlock")) is not None:
+            return []  # none of its blocks is sealed yet
         return self.rpc_eth__getLogs(f["criteria"])
 
     def rpc_eth__uninstallFilter(self, filter_id):
