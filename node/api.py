@@ -1,13 +1,15 @@
 """The worker's HTTP API: health, status, jobs, recent blocks, Prometheus metrics, the
-dashboard page, and token-protected admin actions. OpenAPI docs come with FastAPI at /docs."""
+dashboard page, and token-protected admin actions. The OpenAPI schema is at /openapi.json;
+FastAPI's HTML docs pages are off (they load their scripts from a CDN)."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -28,6 +30,10 @@ CHAIN_READERS = 4
 # on every answer: no page of this API may be framed by another site, nor an answer read as
 # another type than it says (a JSON error echoing a request as HTML)
 SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"}
+# a URL in an error's text: its userinfo (`user:pass@`) and what follows host and port (a
+# path token such as Infura's /v3/<key>, a query's ?apikey=) may be credentials
+URL = re.compile(r"(?P<origin>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)?"
+                 r"(?P<host>[^\s/?#'\"<>@]*)(?P<rest>[/?#][^\s'\"<>]*)?", re.IGNORECASE)
 
 
 def _host_name(host_header: str) -> str:
@@ -47,21 +53,43 @@ def _is_ip(name: str) -> bool:
     return True
 
 
-def _is_loopback(address: str) -> bool:
-    return _is_ip(address) and ipaddress.ip_address(address).is_loopback
+def _rebindable(address: str) -> bool:
+    """Whether `address` is one a web page reaches under its own, rebound DNS name to read
+    what it could not: a loopback, private or link-local address (a container's bridge
+    address behind a port published on 127.0.0.1, a LAN worker). An IPv4 connection to a
+    dual-stack socket comes as an IPv4-mapped IPv6 address (::ffff:127.0.0.1), judged as
+    the IPv4 one."""
+    if not _is_ip(address):
+        return False
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_private or ip.is_link_local
 
 
-def _names_this_machine(server: tuple | None, host_header: str | None) -> bool:
-    """False for a request that came in on a loopback address but names a host of the DNS:
-    a web page whose domain was rebound to 127.0.0.1 (DNS rebinding), which the browser then
-    lets read this API (and try admin tokens) as its own site. Such a domain has a dot; on
-    this machine the API is named by an address, localhost (or *.localhost), the host name,
-    or another name without a dot (/etc/hosts)."""
-    if not server or not host_header or not _is_loopback(server[0]):
+def _names_this_machine(server: tuple | None, host_header: str | None,
+                        allowed: frozenset[str]) -> bool:
+    """False for a request that came in on a loopback, private or link-local address but
+    names a host of the DNS: a web page whose domain was rebound to that address (DNS
+    rebinding), which the browser then lets read this API (and try admin tokens) as its own
+    site. Such a domain has a dot; this machine is named by an address, localhost (or
+    *.localhost), the host name, another name without a dot (/etc/hosts), or a name the
+    operator allows (`allowed`; "*" allows any)."""
+    if "*" in allowed or not server or not host_header or not _rebindable(server[0]):
         return True
     name = _host_name(host_header)
     return ("." not in name or name.endswith(".localhost") or _is_ip(name)
-            or name == socket.gethostname().lower())
+            or name == socket.gethostname().lower() or name in allowed)
+
+
+def _redacted(text: str) -> str:
+    """`text` with each URL's userinfo and path, query and fragment as `***`: an error
+    naming the RPC URL it failed on must not show that URL's credentials."""
+    def redact(url: re.Match) -> str:
+        rest = url["rest"] or ""
+        return (url["origin"] + ("***@" if url["userinfo"] else "") + url["host"]
+                + (rest if rest in ("", "/") else rest[0] + "***"))
+    return URL.sub(redact, text)
 
 
 def _on_chain(action: Callable[[], T]) -> T:
@@ -94,22 +122,28 @@ class NodeView(Protocol):
     def request_withdraw(self) -> dict: ...
 
 
-def create_app(node: NodeView, admin_token: str | None) -> FastAPI:
-    """The API for `node`; admin routes answer 403 unless `Authorization: Bearer <admin_token>`."""
-    app = FastAPI(title="needle-net worker", version="0.1.0")
+def create_app(node: NodeView, admin_token: str | None,
+               allowed_hosts: Iterable[str] = ()) -> FastAPI:
+    """The API for `node`; admin routes answer 403 unless `Authorization: Bearer <admin_token>`.
+    `allowed_hosts`: DNS names (any case, a port ignored) this API answers to besides this
+    machine's own; "*": any."""
+    app = FastAPI(title="needle-net worker", version="0.1.0", docs_url=None, redoc_url=None)
+    allowed = frozenset(_host_name(name.strip()) for name in allowed_hosts) - {""}
     chain_readers = threading.BoundedSemaphore(CHAIN_READERS)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable) -> Response:
-        """403 for a request naming another host on a loopback connection; SECURITY_HEADERS
-        on every answer."""
+        """403 for a request naming another host on a loopback, private or link-local
+        connection; SECURITY_HEADERS on every answer."""
         host = request.headers.get("host")
-        if _names_this_machine(request.scope.get("server"), host):
+        if _names_this_machine(request.scope.get("server"), host, allowed):
             response = await call_next(request)
         else:
             response = JSONResponse(status_code=403, content={
                 "detail": f"refused: Host {host!r} is not this machine (DNS rebinding?); "
-                          "open the API as http://127.0.0.1:<port> or http://localhost:<port>"})
+                          "open the API as http://127.0.0.1:<port> or http://localhost:<port>, "
+                          "or allow the name: worker up --api-allowed-hosts NAME "
+                          "(NEEDLE_NET_API_ALLOWED_HOSTS)"})
         response.headers.update(SECURITY_HEADERS)
         return response
 
@@ -136,7 +170,9 @@ def create_app(node: NodeView, admin_token: str | None) -> FastAPI:
 
     @app.get("/jobs")
     def jobs() -> list[dict]:
-        return node.job_list()
+        """The node's jobs, their `detail` (an error's text) without URL credentials."""
+        return [{**job, "detail": _redacted(job["detail"])} if job.get("detail") else job
+                for job in node.job_list()]
 
     @app.get("/blocks")
     def blocks(count: int = 10) -> list[dict]:

@@ -347,6 +347,11 @@ def worker_up(
                                           max=65535)] = 8600,
     admin_token_file: Annotated[Path | None, typer.Option(
         help="File with the token for /admin routes (else $NEEDLE_NET_ADMIN_TOKEN).")] = None,
+    api_allowed_hosts: Annotated[str, typer.Option(
+        envvar="NEEDLE_NET_API_ALLOWED_HOSTS",
+        help="DNS names the API may be reached by, comma-separated ('*': any). On a loopback "
+             "or private address it refuses other names with a dot (DNS rebinding); "
+             "addresses, localhost and names without a dot always work.")] = "",
     wait_for_funds: Annotated[bool, typer.Option(
         help="If the worker's address cannot pay its stake yet, wait until it is funded "
              "(for service managers) instead of exiting.")] = False,
@@ -380,6 +385,7 @@ def worker_up(
         min_fee_wei=min_fee_wei, max_flops=int(max_flops), min_deadline_blocks=min_deadline,
         max_in_flight=max_in_flight,
         poll_interval=poll_interval, api_host=api_host, api_port=api_port, admin_token=token,
+        api_allowed_hosts=tuple(api_allowed_hosts.split(",")),
         corrupt_results=corrupt_results, stall_after_claim=stall_after_claim,
         wait_for_funds=wait_for_funds,
     )

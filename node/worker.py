@@ -87,6 +87,7 @@ class WorkerConfig:
     connect_timeout: float = 30.0  # start-up: how long an unreachable chain node is retried
     api_host: str = "127.0.0.1"
     api_port: int | None = None
+    api_allowed_hosts: tuple[str, ...] = ()  # DNS names the API answers to (node.api); "*": any
     admin_token: str | None = field(default=None, repr=False)  # never in a printed config
     corrupt_results: bool = False  # test fixture: a cheating worker
     stall_after_claim: float = 0.0  # test fixture: a worker that hangs mid-job
@@ -1453,7 +1454,7 @@ class Worker:
 
         from node.api import create_app
 
-        app = create_app(self, self.config.admin_token)
+        app = create_app(self, self.config.admin_token, self.config.api_allowed_hosts)
         config = uvicorn.Config(app, host=self.config.api_host, port=self.config.api_port,
                                 log_level="warning", http=BoundedHttpProtocol)
         self._api_server = uvicorn.Server(config)

@@ -72,14 +72,14 @@ def test_an_endless_header_is_refused_within_a_bounded_size(app):
         assert reply == b"" or reply.startswith(b"HTTP/1.1 431 ")
         assert sent < 64 << 20
         with socket.create_connection(("127.0.0.1", port), timeout=10) as other:
-            other.sendall(b"GET /docs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            other.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert other.makefile("rb").readline().split()[1] == b"200"
 
 
 def test_a_head_at_the_limit_is_served(app):
     with serving(app) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         filler = b"X-Filler: " + b"a" * (UVICORN_HEAD_LIMIT - 200) + b"\r\n"
-        sock.sendall(b"GET /docs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + filler
+        sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + filler
                      + b"\r\n")
         assert sock.makefile("rb").readline().split()[1] == b"200"
 
@@ -91,9 +91,9 @@ def test_heads_that_never_finish_are_closed(app, monkeypatch):
     with serving(app) as port:
         silent = socket.create_connection(("127.0.0.1", port))
         partial = socket.create_connection(("127.0.0.1", port))
-        partial.sendall(b"GET /docs HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+        partial.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\nX-Slow: a")
         kept_alive = socket.create_connection(("127.0.0.1", port))  # a second request trickles
-        kept_alive.sendall(b"GET /docs HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept_alive.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
         assert kept_alive.recv(12) == b"HTTP/1.1 200"
         kept_alive.sendall(b"GET /hea")
         for sock in (silent, partial, kept_alive):
