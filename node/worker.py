@@ -331,7 +331,9 @@ class Worker:
             self._withdraw_lock = threading.Lock()  # one requestWithdraw for calls that overlap
             self._min_stake = 0
             self._api_socket = self._bind_api()  # last: nothing after it fails to close it
-        except BaseException:  # the dir free again for the start that follows
+        except BaseException:  # the dir and the chain client's connections free again
+            if hasattr(self, "chain"):
+                self.chain.close()
             self._dir_lock.close()
             raise
 

@@ -4,10 +4,12 @@ a worker skips jobs whose operands do not match their declaration before any tra
 a worker that cannot start says why in one line."""
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -200,3 +202,37 @@ def test_a_printed_worker_config_holds_no_admin_token(tmp_path):
     config = WorkerConfig(rpc_url="http://127.0.0.1:1", data_dir=tmp_path, stake_wei=1,
                           admin_token="s3cret")
     assert "s3cret" not in repr(config) and config.admin_token == "s3cret"
+
+
+def _connections_to(port: int) -> int:
+    """This process's established TCP connections to 127.0.0.1:port (/proc: Linux)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port, state, inode = int(fields[2].split(":")[1], 16), fields[3], fields[9]
+            count += remote_port == port and state == "01" and inode in inodes
+    return count
+
+
+def test_a_failed_start_closes_its_chain_connections(node, tmp_path):
+    """A start that fails after the chain was reached (here the API's port is taken) closed
+    only the data dir's lock: the chain client's keep-alive connections stayed open for as
+    long as the error (and its traceback) was kept, as by a caller that retries."""
+    port = int(node.url.rsplit(":", 1)[1])
+    before = _connections_to(port)
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        config = WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=10**18,
+                              api_port=busy.getsockname()[1])
+        with pytest.raises(WorkerStartError, match="cannot serve the API") as failed:
+            Worker(config, dev_account(7))
+    assert failed.value.__traceback__ is not None  # the frames, the worker's among them, kept
+    assert _connections_to(port) <= before
