@@ -19,12 +19,17 @@ import anyio
 import numpy as np
 import rlp
 from eth._utils.address import generate_contract_address
+from eth.constants import BLANK_ROOT_HASH, EMPTY_SHA3
 from eth.exceptions import HeaderNotFound, OutOfGas, Revert, TransactionNotFound
+from eth.rlp.accounts import Account
 from eth.vm.spoof import SpoofTransaction
 from eth.vm.stack import Stack
 from eth_abi import decode as abi_decode
+from eth_hash.auto import keccak
 from eth_utils import to_checksum_address
 from fastapi import FastAPI, Request
+from trie import HexaryTrie
+from trie.exceptions import MissingTrieNode
 
 from chain.admission import calldata_floor_gas
 from chain.blobhttp import BODY_TIMEOUT, CLOSE, BlobApp, BodyWatch, UploadStalled, json_reply
@@ -39,6 +44,7 @@ from chain.params import (
     REWARD_POOL_ADDRESS,
 )
 from chain.timeline import mark
+from chain.tries import MissingNode, encode_node
 
 CLIENT_VERSION = "needle-net/0.1.0/py-evm-0.12.1b1"
 REVERT_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
@@ -74,6 +80,9 @@ DEADLINE_CHECK_POPS = 1024  # stack pops between two looks at the clock
 # read as a block number beyond the head ("block 1073...365 not found")
 BLOCK_HASH_TEXT = 66
 DYNAMIC_FEE_TX_TYPE = 2  # EIP-1559: the first type with maxFeePerGas
+# storage keys one eth_getProof may prove: each is a walk of the storage trie under the lock
+MAX_PROOF_KEYS = 1024
+STORAGE_KEY_TEXT = re.compile(r"(0[xX])?[0-9a-fA-F]{0,64}")
 
 
 class RpcError(Exception):
@@ -202,6 +211,25 @@ def parse_address(value, name: str = "address") -> bytes:
 
 def parse_hash(value, name: str) -> bytes:
     return parse_data(value, name, 32)
+
+
+def parse_storage_key(value) -> tuple[int, str]:
+    """An eth_getProof storage key as geth reads it (hex of at most 32 bytes, 0x optional,
+    an odd number of digits too), and the key as geth answers it: as sent for 32 bytes,
+    else as a quantity."""
+    if not isinstance(value, str) or not STORAGE_KEY_TEXT.fullmatch(value):
+        raise invalid_params(f"storage key must be hex of at most 32 bytes, got {value!r}")
+    digits = value[2:] if value[:2] in ("0x", "0X") else value
+    slot = int(digits or "0", 16)
+    return slot, ("0x" + f"{slot:064x}" if len(digits) > 62 else q(slot))
+
+
+def trie_proof(db, root: bytes, key: bytes) -> list[str]:
+    """geth's proof of `key` in the trie at `root` (EIP-1186): the RLP of the nodes on the
+    key's path from the root down, where it ends or leaves the trie, less the nodes inlined
+    in their parent (under 32 bytes). MissingTrieNode if the database lacks one."""
+    nodes = [encode_node(node) for node in HexaryTrie(db, root).get_proof(key)]
+    return [d(node) for i, node in enumerate(nodes) if i == 0 or len(node) >= 32]
 
 
 def parse_log_filter(criteria) -> tuple[set[str] | None, list[set[str] | None]]:
@@ -643,6 +671,9 @@ class Rpc:
             return self._error(rid, invalid_params(problem or str(exc)))
         except TxRejected as exc:
             return self._error(rid, RpcError(-32000, str(exc)))
+        except MissingNode as exc:  # a damaged database, not a bug: say what is missing
+            return self._error(rid, RpcError(-32000, f"missing trie node {d(exc.args[0])}: "
+                                                     "this block's state is not held"))
         except Exception as exc:  # a bug must not kill the server: report it to the caller
             return self._error(rid, RpcError(-32603, f"internal error: {exc!r}"))
         return {"jsonrpc": "2.0", "id": rid, "result": result}
@@ -873,6 +904,47 @@ class Rpc:
         value = self.node.state_at(self.header_at(block)).get_storage(
             parse_address(address), parse_quantity(slot, "slot"))
         return d(value.to_bytes(32, "big"))
+
+    def rpc_eth__getProof(self, address, storage_keys, block="latest"):
+        """EIP-1186: the account and the storage slots asked for, each with its Merkle proof
+        from the block's state root (an absent one: an exclusion proof, the empty account's
+        fields and value 0)."""
+        account = parse_address(address)
+        if storage_keys is None:
+            storage_keys = []
+        if not isinstance(storage_keys, list):
+            raise invalid_params("storageKeys must be an array")
+        if len(storage_keys) > MAX_PROOF_KEYS:
+            raise invalid_params(f"at most {MAX_PROOF_KEYS} storage keys, got "
+                                 f"{len(storage_keys)}")
+        keys = [parse_storage_key(key) for key in storage_keys]
+        header = self.header_at(block)
+        try:
+            return self._proof(header.state_root, account, keys)
+        except MissingTrieNode as exc:
+            raise RpcError(-32000, f"missing trie node {d(exc.missing_node_hash)}: the state "
+                                   f"of block {header.block_number} is not held") from None
+
+    def _proof(self, state_root: bytes, address: bytes, keys: list[tuple[int, str]]) -> dict:
+        """eth_getProof's answer from the tries themselves (the node keeps every block's
+        state: trie nodes are never deleted)."""
+        db = self.node.db
+        encoded = HexaryTrie(db, state_root).get(keccak(address))
+        account = rlp.decode(encoded, sedes=Account) if encoded else \
+            Account(0, 0, BLANK_ROOT_HASH, EMPTY_SHA3)
+        storage = HexaryTrie(db, account.storage_root)
+        slots = []
+        for slot, key_text in keys:
+            hashed = keccak(slot.to_bytes(32, "big"))
+            value = storage.get(hashed)  # RLP of the value's big-endian bytes; absent: b""
+            slots.append({"key": key_text,
+                          "value": q(int.from_bytes(rlp.decode(value) if value else b"", "big")),
+                          "proof": trie_proof(db, account.storage_root, hashed)})
+        return {"address": checksummed(address),
+                "accountProof": trie_proof(db, state_root, keccak(address)),
+                "balance": q(account.balance), "codeHash": d(account.code_hash),
+                "nonce": q(account.nonce), "storageHash": d(account.storage_root),
+                "storageProof": slots}
 
     def rpc_eth__call(self, call, block="latest", state_overrides=None, block_overrides=None):
         no_block_overrides(block_overrides)
