@@ -179,3 +179,12 @@ def test_a_gas_estimate_pays_for_the_calls_access_list(node, contracts):
     receipt, = mined(node, *send_batch(node, [raw]))
     assert receipt["status"] == "0x1"
     assert int(receipt["gasUsed"], 16) <= estimate
+
+
+def test_the_html_docs_pages_are_off_and_the_schema_stays(node):
+    """FastAPI's /docs and /redoc load their scripts from a CDN: blank on an offline node,
+    third-party code on the node's origin where they load."""
+    for page in ("/docs", "/redoc"):
+        assert httpx.get(node.url + page, timeout=HTTP_TIMEOUT).status_code == 404, page
+    schema = httpx.get(node.url + "/openapi.json", timeout=HTTP_TIMEOUT)
+    assert schema.status_code == 200 and "/info" in schema.json()["paths"]
