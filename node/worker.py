@@ -825,15 +825,13 @@ class Worker:
                 if self._block_one is None:
                     self._block_one = self._block_one_hash(self._head)
                 stake, withdraw_block, _ = self.chain.worker_info(self.address)
-                self._warn_if_cut_below_minimum(stake)
-                self._stake_wei = stake
+                self._note_stake(stake)
                 if withdraw_block:  # requested elsewhere too (`needle-net withdraw`): the
                     # chain refuses every claim and commit now, which cost gas and jobs
                     self._withdrawing = self._withdrawal_on_chain = True
                 elif self._withdrawal_on_chain and stake >= self._min_stake > 0:
                     self._reopen_after_cancelled_withdrawal(stake)
                 self._balance_wei = self.chain.balance_of(self.address)
-                self.metrics.stake.set(self._stake_wei)
             except Exception as err:  # noqa: BLE001 - the next refresh tries again
                 if not is_transient(err):
                     log.exception("account refresh failed")
@@ -847,16 +845,19 @@ class Worker:
         log.info("the stake's withdrawal was cancelled (stake %s): taking jobs again",
                  _eth(stake))
 
-    def _warn_if_cut_below_minimum(self, stake: int) -> None:
-        """Say once when slashes (claims that expired, say while it restarted) cut the stake
-        below the market's minimum: the chain refuses every claim then, and the worker
-        skipped every job silently, /status saying it accepted them."""
+    def _note_stake(self, stake: int) -> None:
+        """Take `stake`, just read from the chain, as the worker's; say once when slashes
+        (claims that expired, say while it restarted) cut it below the market's minimum:
+        the chain refuses every claim then, and the worker skipped every job silently,
+        /status saying it accepted them."""
         if self._min_stake > stake and self._stake_wei >= self._min_stake \
                 and not self._withdrawing:
             log.warning("the stake, %s, is below the market's minimum of %s after slashes: "
                         "taking no jobs until it is topped up (`needle-net stake`, or a "
                         "restart, which stakes --stake again)", _eth(stake),
                         _eth(self._min_stake))
+        self._stake_wei = stake
+        self.metrics.stake.set(stake)
 
     def _take_candidates(self) -> None:
         """Start work on acceptable open jobs: small ones as one batch, large ones claimed."""
@@ -1016,9 +1017,7 @@ class Worker:
         the minimum since the last refresh (once a second). The stake is read now, so no
         other claim is wasted on the stale view, and the job stays a candidate, taken once
         the stake is topped up (dropped, it was forgotten)."""
-        stake = self._retry(self.chain.worker_info, self.address)[0]
-        self._warn_if_cut_below_minimum(stake)
-        self._stake_wei = stake
+        self._note_stake(self._retry(self.chain.worker_info, self.address)[0])
         self._watch({job.job_id: job})
 
     def _drop(self, records: list[JobRecord]) -> None:
