@@ -232,27 +232,6 @@ class NodeChainDB(ChainDB):
 
 # the raw transactions a stop could not seal (behind a nonce gap), for the next start to
 # admit again; no py-evm key (32-byte hashes, SchemaV1's "v1:..." names) looks like it
-UNSEALED_KEY = b"needle-net:unsealed-transactions"
-
-
-def store_unsealed(db: SqliteDB, raws: list[bytes]) -> None:
-    """Keep the raw transactions a stopping node could not seal, committed at once."""
-    if raws:
-        db[UNSEALED_KEY] = rlp.encode(raws)
-        db.flush()
-
-
-def take_unsealed(db: SqliteDB) -> list[bytes]:
-    """The raw transactions the last stop kept; their key is deleted with the next flush (a
-    crash before it has them admitted once more at the next start: harmless, those mined
-    meanwhile are then refused as nonce too low)."""
-    stored = db.get(UNSEALED_KEY)
-    if stored is None:
-        return []
-    del db[UNSEALED_KEY]
-    return list(rlp.decode(stored))
-
-
 CANONICAL_HEAD = SchemaV1.make_canonical_head_hash_lookup_key()
 HEADER_GAPS = SchemaV1.make_header_chain_gaps_lookup_key()
 CHAIN_GAPS = SchemaV1.make_chain_gaps_lookup_key()

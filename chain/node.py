@@ -37,16 +37,9 @@ from chain.admission import (
 )
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES, BlobStore
 from chain.consensus import verified_work, work_seal
-from chain.db import (
-    DATABASE_FILE,
-    DataDirError,
-    SqliteDB,
-    lock_data_dir,
-    store_unsealed,
-    take_unsealed,
-    unreadable,
-)
+from chain.db import DATABASE_FILE, DataDirError, SqliteDB, lock_data_dir, unreadable
 from chain.genesis import genesis_params, genesis_state
+from chain.journal import PendingJournal
 from chain.params import REWARD_POOL_ADDRESS
 from chain.timeline import mark
 from chain.vm import build_chain_class, with_fields
@@ -172,8 +165,10 @@ class Node:
         try:
             self.chain: Chain = self._load_chain(
                 build_chain_class(self.blobs, fast=config.fast_execution))
+            self.journal = PendingJournal(config.data_dir)
         except BaseException:
-            self._release_data_dir()
+            self.db.close()
+            self._data_dir_lock.close()
             raise
         # lock order: the chain's lock, then the mempool's; admission takes only the latter
         self.lock = threading.RLock()
@@ -198,7 +193,7 @@ class Node:
         self._admitted_since_seal = False
         self._admitting = 0  # admissions in progress (read by the producer)
         self._admissions = threading.Lock()
-        self._readmit_unsealed()
+        self._readmit_journaled()
 
     def _load_chain(self, chain_class: type[Chain]) -> Chain:
         """The stored chain, or a new one from genesis in an empty database. A database sqlite
@@ -219,17 +214,31 @@ class Node:
         self.db.flush()
         return chain
 
-    def _readmit_unsealed(self) -> None:
-        """Admit again what the last stop could not seal (``_keep_unsealed``); one no longer
-        valid is logged and dropped."""
-        raws = take_unsealed(self.db)
+    def _readmit_journaled(self) -> None:
+        """Admit again what the journal holds: what the last run acknowledged and did not
+        seal, after a stop (behind a nonce gap) or a crash. Those sealed meanwhile are
+        refused as nonce too low; any other refusal is logged. The journal is then compacted
+        to the pool (the old file stays until the new one replaces it)."""
+        raws = self.journal.read()
+        readmitted = 0
         for raw in raws:
-            try:  # one the base fee overtook was kept pending for its fee: kept again
-                self._admit(decode_transaction(raw), below_base_fee=True)
+            try:
+                self._admit(decode_transaction(raw), from_journal=True)
+                readmitted += 1
             except TxRejected as exc:
-                log.warning("dropped a transaction kept at the last stop: %s", exc)
+                if not str(exc).startswith("nonce too low"):
+                    log.warning("dropped a journaled transaction: %s", exc)
+        if readmitted:
+            log.info("admitted again %d transactions acknowledged by the last run and not "
+                     "sealed", readmitted)
         if raws:
-            self.db.flush()
+            self._compact_journal()
+
+    def _compact_journal(self) -> None:
+        """The journal rewritten to the pending transactions, in the order of admission
+        (under the mempool's lock, so no append falls between)."""
+        with self.mempool.lock:
+            self.journal.rewrite([tx.encode() for tx in self.mempool.by_hash.values()])
 
     # --- state ---------------------------------------------------------------------------------
     def head(self):
@@ -287,11 +296,12 @@ class Node:
             with self._admissions:
                 self._admitting -= 1
 
-    def _admit(self, tx: SignedTransactionAPI, below_base_fee: bool = False) -> bytes:
+    def _admit(self, tx: SignedTransactionAPI, from_journal: bool = False) -> bytes:
         """Checked against the head and the pending transactions under the mempool's lock;
-        a block being sealed meanwhile moves both together (``_set_head``). `below_base_fee`:
-        a max fee under the next base fee is admitted, to wait for a cheaper block (as
-        ``_select`` keeps one the base fee overtook)."""
+        a block being sealed meanwhile moves both together (``_set_head``); journaled before
+        its hash is answered. `from_journal`: admitted by an earlier run, so already in the
+        journal, and a max fee under the next base fee is admitted, to wait for a cheaper
+        block (as ``_select`` keeps one the base fee overtook)."""
         with self.mempool.lock:
             if tx.hash in self.mempool.by_hash:
                 raise TxRejected(f"already known: transaction 0x{tx.hash.hex()} is pending")
@@ -318,7 +328,7 @@ class Node:
             if tx.gas < tx.intrinsic_gas:
                 raise TxRejected(f"intrinsic gas too low: {tx.gas} < {tx.intrinsic_gas}")
             check_prague_limits(tx)
-            if tx.max_fee_per_gas < base_fee and not below_base_fee:
+            if tx.max_fee_per_gas < base_fee and not from_journal:
                 raise TxRejected(f"max fee per gas {tx.max_fee_per_gas} is below the base fee "
                                  f"{base_fee}")
             committed = self.mempool.committed.get(tx.sender, 0)
@@ -327,12 +337,24 @@ class Node:
             if balance < committed + cost:
                 raise TxRejected(f"insufficient funds: balance {balance} (with {committed} "
                                  f"committed to pending transactions) < cost {cost}")
+            if not from_journal:
+                self._journal(tx)
             self.mempool.add(tx)
             mark("node admitted")
             self._admitted_since_seal = True
             if self.config.seal_on_pending:
                 self._wake.notify()
         return tx.hash
+
+    def _journal(self, tx: SignedTransactionAPI) -> None:
+        """Append `tx` to the journal; a node that cannot (disk full) refuses it rather than
+        answer a hash a crash would lose."""
+        try:
+            self.journal.append(tx.encode())
+        except OSError as exc:
+            log.error("cannot journal a transaction: %s", exc)
+            raise TxRejected(f"the node cannot journal the transaction: {exc.strerror or exc}; "
+                             "try again later") from None
 
     def _pool_full(self, tx: SignedTransactionAPI) -> bool:
         """Whether the pool, with `tx`, holds more than its bounds (count and bytes)."""
@@ -434,6 +456,8 @@ class Node:
             self._head = header
             for tx in included:
                 self.mempool.remove(tx)
+            if self.journal.outgrew(self.mempool.size):
+                self._compact_journal()
 
     def _keep_recent(self, block, receipts: list) -> None:
         """Keep a sealed block for the long polls (before it becomes the head: a long poll
@@ -494,8 +518,8 @@ class Node:
 
     def stop(self) -> None:
         """Stop producing; transactions admitted (their hashes answered) but not yet sealed
-        are sealed first, and those that cannot be (behind a nonce gap) are stored for the
-        next start, so a stop loses none (only a crash does)."""
+        are sealed first, and those that cannot be (behind a nonce gap) stay in the journal
+        for the next start, as after a crash."""
         with self.mempool.lock:
             self._stop = True
             self._wake.notify_all()
@@ -503,32 +527,21 @@ class Node:
             self._thread.join(timeout=30)
         if self._thread is None or not self._thread.is_alive():
             self._seal_pending()
-            self._keep_unsealed()
         if self.decoder is not None:
             self.decoder.close()
         self._release_data_dir()
 
     def _seal_pending(self) -> None:
-        """Seal blocks while the pending transactions go into them: those beyond one block
-        (``max_block_txs``, the gas limit) were lost, though acknowledged. What is left waits
-        behind a nonce gap and cannot be sealed (``_keep_unsealed``)."""
+        """Seal blocks while the pending transactions go into them. What is left waits
+        behind a nonce gap and cannot be sealed: the journal keeps it."""
         try:
             while len(self.mempool) and self.seal().transactions:
                 pass
-        except Exception:  # noqa: BLE001 - stopping goes on; the rest is lost as in a crash
+            self._compact_journal()
+        except Exception:  # noqa: BLE001 - stopping goes on; the journal holds the rest
             log.exception("sealing the pending transactions at stop failed")
 
-    def _keep_unsealed(self) -> None:
-        """Store what the stop left pending: a transaction behind a nonce gap was lost,
-        though its hash was answered, and its sender's filling the gap after the restart
-        mined nothing more. The next start admits it again (``_readmit_unsealed``)."""
-        with self.mempool.lock:
-            raws = [tx.encode() for tx in self.mempool.by_hash.values()]
-        try:
-            store_unsealed(self.db, raws)
-        except Exception:  # noqa: BLE001 - stopping goes on; they are lost as in a crash
-            log.exception("storing %d unsealed transactions at stop failed", len(raws))
-
     def _release_data_dir(self) -> None:
+        self.journal.close()
         self.db.close()
         self._data_dir_lock.close()

@@ -9,8 +9,9 @@ client was told succeeded must still hold, checked against a ledger the test kee
 - the node restarts each time; at the end every sender's balance and nonce follow from the
   receipts of its mined transactions alone, the supply is conserved up to burned base fees,
   and `chain verify` re-executes the whole chain.
-Transactions admitted but not mined before a kill are lost (no journal, as geth without
-one): the test counts them and checks a lost one never reappears in a later block."""
+- every transaction whose hash the node answered is mined in the end (the node journals what
+  it admits): only those whose answer the kill cut short may be lost, and a lost one never
+  reappears in a later block (each sender's nonces are mined once each, without gaps)."""
 import os
 import random
 import subprocess
@@ -61,6 +62,7 @@ class Ledger:
         # every transaction sent (before it is sent: the kill may cut its answer short)
         self.sent: dict[str, tuple[str, int, int]] = {}  # hash -> (sender, nonce, value)
         self.blobs: dict[str, bytes] = {}  # id acknowledged 200 -> the bytes sent
+        self.acknowledged: set[str] = set()  # hashes of sent transactions the node answered
 
     def saw_receipt(self, receipt: dict) -> None:
         with self.lock:
@@ -120,6 +122,8 @@ class Senders(threading.Thread):
             self.ledger.sent[tx_hash] = (account.address, nonce, FEE)
         answer = self.http.post(f"{self.url}/wait?timeout=10", json=raw).json()
         assert answer.get("hash") == tx_hash, answer
+        with self.ledger.lock:
+            self.ledger.acknowledged.add(tx_hash)
         if answer["receipt"] is not None:
             self.ledger.saw_receipt(answer["receipt"])
             self.progress += 1
@@ -135,6 +139,8 @@ class Senders(threading.Thread):
                 self.ledger.sent[tx_hash] = (account.address, nonce, value)
         results = _rpc(self.url, [("eth_sendRawTransaction", [raw]) for *_, raw in sent])
         assert results == [tx_hash for *_, tx_hash, _ in sent]
+        with self.ledger.lock:
+            self.ledger.acknowledged.update(results)
         for _ in range(20):
             receipts = _rpc(self.url, [("eth_getTransactionReceipt", [h]) for *_, h, _ in sent]
                             + [("eth_getBlockByNumber", ["latest", False])])
@@ -191,6 +197,19 @@ def stored_blobs_match_their_names(blob_dir) -> None:
     for path in blob_dir.iterdir():
         assert not path.name.startswith(".tmp-"), f"partial upload {path.name} left"
         assert blob_id(path.read_bytes()).hex() == path.name, f"blob {path.name} damaged"
+
+
+def wait_for_acknowledged(url: str, ledger: Ledger) -> None:
+    """Until every transaction the node answered is mined (those a restart admitted again
+    from the journal included); fails after 30 s naming one that is not."""
+    missing = sorted(ledger.acknowledged)
+    deadline = time.monotonic() + 30
+    while missing:
+        receipts = _rpc(url, [("eth_getTransactionReceipt", [h]) for h in missing], timeout=60)
+        missing = [h for h, r in zip(missing, receipts, strict=True) if r is None]
+        assert not missing or time.monotonic() < deadline, \
+            f"{len(missing)} acknowledged transactions lost, e.g. {missing[0]}"
+        time.sleep(0.1)
 
 
 def check_books(url: str, ledger: Ledger, accounts) -> tuple[int, int]:
@@ -269,9 +288,11 @@ def test_repeated_sigkill_keeps_every_acknowledged_block_receipt_and_blob(tmp_pa
         node.start()
         blob_url = httpx.get(f"{node.url}/info").json()["blob_url"]
         check_recovered(node.url, blob_url, ledger)
+        wait_for_acknowledged(node.url, ledger)
         mined, lost = check_books(node.url, ledger, accounts)
         print(f"{KILLS} kills: {len(ledger.receipts)} receipts seen, {mined} of "
-              f"{len(ledger.sent)} sent transactions mined, {lost} lost, "
+              f"{len(ledger.sent)} sent transactions mined ({len(ledger.acknowledged)} "
+              f"acknowledged), {lost} lost, "
               f"{len(ledger.blobs)} blobs, {len(ledger.blocks)} blocks seen")
         assert len(ledger.receipts) >= 3 * KILLS and len(ledger.blobs) >= 2
     finally:
