@@ -1190,11 +1190,13 @@ class Rpc:
         matched = parse_log_filter(log_filter)
         last = self._filter_end(log_filter.get("toBlock"))
         first = self._block_ahead(log_filter.get("fromBlock"))
-        if first is None:
+        follows_head = first is None and \
+            log_filter.get("fromBlock") in (None, "latest", "pending")
+        if follows_head:
+            first = self.node.head().block_number + 1  # only logs of blocks still to come
+        elif first is None:
             first, _ = self._log_range({**log_filter, "toBlock": "latest"})
-            if log_filter.get("fromBlock") in (None, "latest", "pending"):
-                first = self.node.head().block_number + 1  # only logs of blocks still to come
-        elif last is not None and first > last:
+        if last is not None and first > last and not follows_head:
             raise invalid_params(f"fromBlock {first} is after toBlock {last}")
         fid = new_filter_id()
         self._install(fid, {"kind": "logs", "criteria": log_filter, "matched": matched,
