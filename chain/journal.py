@@ -61,12 +61,16 @@ class PendingJournal:
         beside it and renamed over it, so a crash of the process leaves the old file or the
         new one whole (not synced, as the appends)."""
         temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_bytes(b"".join(len(raw).to_bytes(LENGTH_BYTES, "big") + raw
-                                       for raw in raws))
-        os.replace(temporary, self.path)
+        try:
+            temporary.write_bytes(b"".join(len(raw).to_bytes(LENGTH_BYTES, "big") + raw
+                                           for raw in raws))
+            os.replace(temporary, self.path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        self.size = os.fstat(self._fd).st_size
+        self._fd, self.size = fd, os.fstat(fd).st_size
 
     def close(self) -> None:
         os.close(self._fd)

@@ -236,9 +236,13 @@ class Node:
 
     def _compact_journal(self) -> None:
         """The journal rewritten to the pending transactions, in the order of admission
-        (under the mempool's lock, so no append falls between)."""
+        (under the mempool's lock, so no append falls between). One that fails (disk full)
+        leaves the old file whole, and appends go on to it."""
         with self.mempool.lock:
-            self.journal.rewrite([tx.encode() for tx in self.mempool.by_hash.values()])
+            try:
+                self.journal.rewrite([tx.encode() for tx in self.mempool.by_hash.values()])
+            except OSError as exc:
+                log.warning("cannot compact the journal of pending transactions: %s", exc)
 
     # --- state ---------------------------------------------------------------------------------
     def head(self):

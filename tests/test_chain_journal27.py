@@ -3,6 +3,11 @@ in-process node: what a node answered a hash for is in the journal before the an
 torn by a kill is skipped without losing the ones before it, and the file is compacted once
 its transactions are sealed (the SIGKILL test, tests/test_chain_crash26.py, checks that no
 acknowledged transaction is lost across real kills)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from chain.admission import decode_transaction
@@ -89,3 +94,45 @@ def test_the_journal_is_compacted_once_its_transactions_are_sealed(tmp_path):
         assert len(node.journal.read()) == 2
     finally:
         node.stop()
+
+
+FULL_DISK = r"""
+import resource, signal, sys
+from pathlib import Path
+from chain.admission import decode_transaction
+from chain.devnet import dev_accounts
+from chain.journal import PendingJournal
+from chain.node import Node, NodeConfig
+from test_chain_journal27 import signed
+
+data = Path(sys.argv[1])
+node = Node(NodeConfig(data, block_time=0, decode_process=False))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # the journal's disk is "full"
+sender = dev_accounts(1)[0]
+admitted = []
+for nonce in range(20):
+    try:
+        admitted.append(node.admit(signed(sender, nonce)))
+    except ValueError as exc:
+        print("refused", nonce, exc)
+        break
+assert list(node.mempool.by_hash) == admitted
+assert [decode_transaction(r).hash for r in PendingJournal(data).read()] == admitted
+print("admitted", len(admitted))
+"""
+
+
+def test_a_node_that_cannot_journal_refuses_the_transaction(tmp_path):
+    """A journal on a full disk (the file size limit of a real process): the transaction is
+    refused with an error naming the journal, nothing is answered that a crash would lose,
+    and the pool and the journal hold the same transactions."""
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+    run = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "data")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    refused = next(line for line in run.stdout.splitlines() if line.startswith("refused"))
+    assert "cannot journal the transaction" in refused and "try again later" in refused
+    count = int(run.stdout.split("admitted ")[-1])
+    assert 0 < count < 20 and refused.split()[1] == str(count)
