@@ -273,9 +273,9 @@ class JobClient:
                 # uploads them (and waits for the store's fsync)
                 flat, signing = self.market.put_arrays_signing(
                     arrays, lambda ids: self._sign_submission(ids, shapes, precisions),
-                    self._pool)
+                    self._pool, put=self._put_arrays)
             else:
-                flat = self.market.put_arrays(arrays)
+                flat = self._put_arrays(arrays)
         except KeyboardInterrupt:
             raise KeyboardInterrupt("interrupted during the upload: no job was submitted") \
                 from None
@@ -309,6 +309,20 @@ class JobClient:
                             "still open the jobs: `needle-net jobs` lists them and "
                             "`needle-net cancel JOB_ID` refunds each")
             raise RemoteJobError("submit", message) from err
+
+    def _put_arrays(self, arrays: list[np.ndarray]) -> list[bytes]:
+        """`market.put_arrays`, tried again until the timeout where the connection was cut
+        or reset (the chain node killed and restarted mid-upload): the first reset failed
+        the submission at once. Blobs are stored under their hash, so one that arrived
+        before the cut is stored once whatever is sent again."""
+        end = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self.market.put_arrays(arrays)
+            except Exception as err:
+                if not is_transient(err) or time.monotonic() > end:
+                    raise
+                time.sleep(self.poll_interval)
 
     def _opened_by(self, receipt, pairs: list[tuple[np.ndarray, np.ndarray]],
                    precisions: list[str], times: dict[str, float]) -> list[_Pending]:

@@ -329,6 +329,7 @@ class Worker:
             # end with the stake still there means a `stake` elsewhere cancelled it
             self._withdrawal_on_chain = False
             self._withdraw_lock = threading.Lock()  # one requestWithdraw for calls that overlap
+            self._unanswered_register: tuple | None = None  # sent again as it is (`_register`)
             self._min_stake = 0
             self._api_socket = self._bind_api()  # last: nothing after it fails to close it
         except BaseException:  # the dir and the chain client's connections free again
@@ -707,7 +708,7 @@ class Worker:
             if stake >= self.config.stake_wei or withdraw_block:
                 break
             try:
-                self.chain.send("register", value=self.config.stake_wei - stake)
+                self._register(self.config.stake_wei - stake)
             except TxReverted:  # a slash in its block (a claim of the last run expiring)
                 # left the top-up short of the minimum: the worker exited; read, send again
                 if attempt + 1 == REGISTER_ATTEMPTS:
@@ -715,6 +716,7 @@ class Worker:
             else:
                 log.info("registered %s with stake %d wei", self.address, self.config.stake_wei)
             stake, withdraw_block, _ = self.chain.worker_info(self.address)
+        self._unanswered_register = None  # mined, if it was sent
         if withdraw_block:  # requested before a restart: the chain refuses every claim now
             log.info("withdrawal of the stake pending (block %d): taking no jobs",
                      withdraw_block)
@@ -722,6 +724,26 @@ class Worker:
         self._stake_wei = stake
         self._min_stake = self.chain.min_stake()
         self.metrics.stake.set(stake)
+
+    def _register(self, deposit: int) -> None:
+        """Deposit `deposit` more stake. A register whose answer a network error lost (the
+        chain node killed while it was pending) is sent again as it is by the caller's
+        retry, not signed anew: the node knows it or mined it, so the stake is deposited
+        once. Signed anew, it was deposited twice where the first one landed after the
+        restart. A nonce another client of this key took means it never ran: signed anew."""
+        if self._unanswered_register is None:
+            self._unanswered_register = self.chain.sign_with_gas(
+                REGISTER_GAS_ALLOWANCE, "register", value=deposit)
+        try:
+            self.chain.send_signed(self._unanswered_register)
+        except Exception as err:
+            if is_transient(err):
+                raise  # kept for the retry
+            self._unanswered_register = None
+            if not _nonce_taken(err):
+                raise
+            self.chain.send("register", value=deposit)
+        self._unanswered_register = None
 
     def _resume(self) -> None:
         """Pick up jobs a previous run claimed or committed but did not finish, including a
@@ -1122,14 +1144,13 @@ class Worker:
             # this one lands in the next block, the first where finalising is allowed (in
             # the same block it would skip the jobs, and _finalize_all sends it again)
             gas = FINALIZE_JOBS_GAS + sum(finalize_gas(j) for _, j in ready)
-            early = self.chain.sign_with_gas(gas, "finalizeJobs", ids)
             # sent with one long poll for both receipts, answered with the finalisation's
             # block: the node then answers two requests fewer per block while the next
             # block seals (a retry sends the same transaction: never a second finalisation);
             # the commit lands after block `since`, so its finalisation counts until at least
             # since + BLOCKHASH_WINDOW
-            receipt, finalized = self._retry_held(since + BLOCKHASH_WINDOW,
-                                                  self.chain.send_signed_after, [commit], early)
+            receipt, finalized = self._send_with_commit(since + BLOCKHASH_WINDOW, commit, ids,
+                                                        gas)
             mark("worker receipts")
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
@@ -1167,6 +1188,22 @@ class Worker:
                 self._done(record)
             with self._lock:
                 self._tasks -= 1
+
+    def _send_with_commit(self, last_block: int, commit, job_ids: list[int], gas: int
+                          ) -> list:
+        """finalizeJobs of `job_ids` sent behind the posted `commit`: both receipts
+        (`send_signed_after`, retried while the jobs are held). Signed once more with the
+        node's next nonce where the one it got was taken: its send failed (the chain node
+        killed), the nonce was given back, and another transaction of this key used it; the
+        resend, refused "nonce too low", failed the batch with a traceback."""
+        try:
+            return self._retry_held(last_block, self.chain.send_signed_after, [commit],
+                                    self.chain.sign_with_gas(gas, "finalizeJobs", job_ids))
+        except Exception as err:
+            if not _nonce_taken(err):
+                raise
+        return self._retry_held(last_block, self.chain.send_signed_after, [commit],
+                                self.chain.sign_with_gas(gas, "finalizeJobs", job_ids))
 
     def _holds(self, record: JobRecord) -> bool:
         """Whether `record` is still among this node's jobs (a job another worker committed
