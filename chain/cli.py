@@ -13,6 +13,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES
+from chain.blobserver import UVICORN_MAX_CONNECTIONS
 from chain.params import CHAIN_ID, DEV_ACCOUNT_BALANCE, DEV_ACCOUNT_COUNT, MARKET_ADDRESS
 
 LogLevel = Enum("LogLevel", {name: name for name in (  # uvicorn.config.LOG_LEVELS
@@ -22,6 +23,7 @@ app = typer.Typer(help="needle-net proof-of-useful-work chain (py-evm).", no_arg
 
 @app.command()
 def up(
+    ctx: typer.Context,
     data_dir: Annotated[Path, typer.Option(help="Chain database and blob store.")] = Path(
         "chain-data"),
     host: Annotated[str, typer.Option(help="Interface for JSON-RPC and blobs.")] = "127.0.0.1",
@@ -46,11 +48,10 @@ def up(
         help="Free space kept on the data dir's disk for the chain database: an upload that "
              "would leave less is refused (507), MiB. Default: 1 GiB or 5 % of the disk, "
              "whichever is more; 0: no reserve.", show_default=False, min=0)] = None,
-    max_connections: Annotated[int | None, typer.Option(
+    max_connections: Annotated[int, typer.Option(
         help="JSON-RPC connections open at once, half of them from one address; more are "
-             "answered 503 and closed (a worker or a client holds about 20). Default: "
-             "chain.blobserver.UVICORN_MAX_CONNECTIONS (1024).", show_default=False,
-        min=2)] = None,
+             "answered 503 and closed (a worker or a client holds about 20).", min=2)
+    ] = UVICORN_MAX_CONNECTIONS,
     log_level: Annotated[LogLevel, typer.Option(help="Python/uvicorn log level.",
                                                 case_sensitive=False)] = LogLevel.warning,
 ) -> None:
@@ -60,7 +61,7 @@ def up(
     import uvicorn
     from eth_utils import to_checksum_address
 
-    from chain.blobserver import UVICORN_MAX_CONNECTIONS, BlobServer, bounded_http
+    from chain.blobserver import BlobServer, bounded_http
     from chain.db import DataDirError
     from chain.node import Node, NodeConfig
     from chain.rpc import create_app
@@ -82,7 +83,9 @@ def up(
     typer.echo(f"market contract {to_checksum_address(MARKET_ADDRESS)}")
     from chain.devnet import dev_accounts
 
-    typer.echo("dev accounts (public test mnemonic, see `chain accounts --keys`):")
+    # the command as invoked: `needle-net chain ...`, or `chain ...` (python -m chain)
+    typer.echo(f"dev accounts (public test mnemonic, see `{ctx.parent.command_path} accounts "
+               "--keys`):")
     for i, account in enumerate(dev_accounts(5)):
         typer.echo(f"  {i} {account.address}")
     blobs = BlobServer(node.blobs, recent_bytes=blob_cache_mb << 20, listener=blob_listener)
@@ -93,8 +96,7 @@ def up(
     app = create_app(node)
     app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level,
-                                           http=bounded_http(max_connections
-                                                             or UVICORN_MAX_CONNECTIONS)))
+                                           http=bounded_http(max_connections)))
     node.start()
     blobs.start()
     # uvicorn catches SIGTERM, shuts down, then raises it again for the handler it found:

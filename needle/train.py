@@ -303,26 +303,40 @@ def _positive(kind: type):
     return parse
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, but for the options that are off unless
+    given (default None), where "(default: None)" would say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m needle.train", description=__doc__.split("\n")[0])
-    p.add_argument("--data", choices=["digits", "mnist", "cifar10", "ptb"], default="digits")
+    p = argparse.ArgumentParser(prog="python -m needle.train", formatter_class=_HelpWithDefaults,
+                                description="Train a model on local data. "
+                                + __doc__.split("\n\n", 1)[1])
+    p.add_argument("--data", choices=["digits", "mnist", "cifar10", "ptb"], default="digits",
+                   help="dataset")
     p.add_argument("--data-dir", help="folder with the dataset's files (not needed for digits)")
-    p.add_argument("--model", default="mlp",
+    p.add_argument("--model", default="mlp", help="model to train",
                    choices=["mlp", "small-resnet", "resnet9", "resnet18", "lstm", "transformer"])
-    p.add_argument("--device", choices=list(DEVICES), default="cpu")
+    p.add_argument("--device", choices=list(DEVICES), default="cpu", help="backend to train on")
     p.add_argument("--epochs", type=_positive(int), default=5,
                    help="epochs in all; with --resume the checkpoint's count towards them")
-    p.add_argument("--batch-size", type=_positive(int), default=64)
-    p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--schedule", choices=["none", "step", "cosine"], default="none")
+    p.add_argument("--batch-size", type=_positive(int), default=64,
+                   help="examples per step (language models: token streams side by side)")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam", help="optimizer")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty on the weights")
+    p.add_argument("--schedule", choices=["none", "step", "cosine"], default="none",
+                   help="learning rate over the epochs: step (x0.1 after each third of them) "
+                   "or cosine")
     p.add_argument("--clip", type=_positive(float), help="clip the gradient norm to this value")
     p.add_argument("--bptt", type=_positive(int), default=20, help="language models: window length")
     p.add_argument("--max-lines", type=_positive(int),
                    help="language models: read at most this many lines")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the shuffling")
     p.add_argument("--log", help="write per-epoch metrics to this .csv or .json file (with "
                    "--resume, after the epochs it holds up to the checkpoint's)")
     p.add_argument("--plot", help="write a PNG of the training curves to this file")

@@ -9,14 +9,16 @@ import math
 import os
 import signal
 import stat
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
@@ -61,7 +63,7 @@ app.add_typer(chain_app, name="chain", help="Run or inspect a chain node.")
 app.add_typer(devnet_app, name="devnet")
 app.add_typer(worker_app, name="worker")
 app.add_typer(keys_app, name="keys")
-console = Console()
+console = Console(soft_wrap=True)  # no line broken at 80 columns: a pipe, grep, a log
 
 RpcUrl = Annotated[str, typer.Option("--rpc-url", envvar="NEEDLE_NET_RPC", help="Chain node URL.")]
 Keystore = Annotated[Path | None, typer.Option(
@@ -166,11 +168,21 @@ def _eth(wei: int, decimals: int = 0) -> str:
     return f"{whole}.{digits}" if digits else str(whole)
 
 
-def _table(*headers: str) -> Table:
-    """A table whose cells wrap rather than end in `…`: at 80 columns (a pipe, a log, a
-    narrow terminal) `jobs` showed a worker as `0x70997970C51812dc3…`, and `devnet up` its
-    workers' addresses the same way."""
-    return Table(*(Column(header, overflow="fold") for header in headers))
+def print_table(console: Console, headers: Sequence[str], rows: Iterable[Sequence[str]],
+                whole: Collection[str]) -> None:
+    """Print a table whose cells fold rather than end in `…` (at 80 columns, a pipe or a
+    log, `jobs` showed a worker as `0x70997970C51812dc3…`), but for the columns headed
+    `whole` (addresses, URLs), whose cells stay on one line each: folded, an address was
+    not found by `needle-net jobs | grep ADDRESS`. Where those columns alone are wider than
+    the console, the table runs past its edge rather than being cut."""
+    table = Table(*(Column(header, overflow="fold") for header in headers))
+    for row in rows:
+        table.add_row(*row)
+    for column in table.columns:
+        if column.header in whole:  # the other columns give way first
+            column.no_wrap = True
+            column.min_width = max(map(cell_len, column.cells), default=None)
+    console.print(table, crop=False)
 
 
 @contextlib.contextmanager
@@ -232,13 +244,14 @@ def _check_writable(path: Path, force: bool) -> None:
         _fail(f"output {path} is not writable: directory {path.parent} is read-only to you")
 
 
-def _save(path: Path, array: np.ndarray, force: bool) -> None:
+def _save(path: Path, array: np.ndarray, force: bool, recovery: str = "") -> None:
     """Write `array` as .npy to exactly `path` (`np.save` given a name would add `.npy`),
     through a temporary file beside it: a failed write leaves no partial file, and an
     existing `path` as it was. A replaced file keeps its permission bits, as when
     overwritten in place. Without `force`, a file that appeared at `path` while the job ran
     (another command writing the same output) is not replaced: the result, paid for, is
-    kept in the temporary file and the error names it."""
+    kept in the temporary file and the error names it. A write that fails (the directory
+    removed, the disk full) ends with `recovery`: how to get the result again."""
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
         with part.open("wb") as f:
@@ -254,7 +267,7 @@ def _save(path: Path, array: np.ndarray, force: bool) -> None:
               f"overwritten: the result is in {part}")
     except OSError as err:
         part.unlink(missing_ok=True)
-        _fail(f"cannot write {path}: {err}")
+        _fail(f"cannot write {path}: {err}{recovery}")
 
 
 def _place_new(part: Path, path: Path) -> None:
@@ -274,15 +287,31 @@ def _place_new(part: Path, path: Path) -> None:
 
 
 def _load_operand(path: Path) -> np.ndarray:
-    """An operand from a .npy file; never unpickled (a file is data, not code)."""
+    """An operand from a .npy file, in this machine's byte order (a file written on a
+    big-endian one loads as >f4, which the checks refuse); never unpickled (a file is data,
+    not code)."""
     try:
         with path.open("rb") as f:
             if f.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
                 _fail(f"{path} is not a .npy array file (numpy.save writes one)")
             f.seek(0)
-            return np.load(f, allow_pickle=False)
+            array = np.load(f, allow_pickle=False)
     except (OSError, ValueError, MemoryError) as err:  # a header's shape too large for memory
         _fail(f"cannot read operand {path}: {err}")
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
+def _require_valid_operands(a: np.ndarray, b: np.ndarray) -> None:
+    """Refuse operands no job can take (float64, shapes that do not multiply, NaN...)
+    before the chain node or a keystore password is asked for: the client checks them only
+    once it has reached the node, so they read "cannot reach the chain node" where none
+    ran. The node's blob size limit is left to the client, which learns it from the node."""
+    from node.client import validate_operands
+
+    try:
+        validate_operands(a, b, max_bytes=sys.maxsize)
+    except ValueError as err:
+        _fail(f"[stage validate] pair 0: {err}")  # as the client says it
 
 
 @devnet_app.command("up")
@@ -312,12 +341,11 @@ def devnet_up(
     with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port) as net:
         try:  # Ctrl-C while starting too: say so before the (up to 15 s per process) shutdown
             net.start(workers)
-            table = _table("process", "address", "API / dashboard")
-            table.add_row("chain", "", net.rpc_url)
-            table.add_row("blob store", "", httpx.get(f"{net.rpc_url}/info").json()["blob_url"])
-            for w in net.workers:
-                table.add_row(f"worker {w.index}", w.address, w.api_url)
-            console.print(table)
+            blob_url = httpx.get(f"{net.rpc_url}/info").json()["blob_url"]
+            print_table(console, ("process", "address", "API / dashboard"), [
+                ("chain", "", net.rpc_url), ("blob store", "", blob_url),
+                *((f"worker {w.index}", w.address, w.api_url) for w in net.workers)],
+                whole=("process", "address", "API / dashboard"))
             console.print(f"logs in {data_dir}; Ctrl-C to stop")
             net.watch()  # DevnetError, one error line, once any process exits
         except KeyboardInterrupt:
@@ -428,8 +456,10 @@ def submit(
     fee_wei = _wei(fee, "--fee", allow_zero=True)
     _check_writable(output, force)
     a, b = _load_operand(a_path), _load_operand(b_path)
+    _require_valid_operands(a, b)
     client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=fee_wei,
-                       timeout=timeout, timeout_blocks=deadline, progress=True)
+                       timeout=timeout, timeout_blocks=deadline, progress=True,
+                       output_name=str(output))
     with _sigterm_as_interrupt() as terminated:
         try:
             c = client.matmul(a, b)
@@ -439,8 +469,11 @@ def submit(
             _fail(str(err) or "interrupted", code=(128 + signal.SIGTERM) if terminated else 130)
         finally:
             client.close()
-    _save(output, c, force)
-    console.print(f"wrote {output} {c.shape} {c.dtype}: verified on chain and by this client")
+    job_id = client.job_ids[0]
+    _save(output, c, force, recovery=f"; job {job_id}'s result is verified and paid for: "
+          f"`needle-net fetch {job_id} -o FILE` writes it to FILE")
+    console.print(f"wrote {output} {c.shape} {c.dtype}: job {job_id}'s result, verified on "
+                  "chain and by this client")
 
 
 @app.command()
@@ -555,18 +588,19 @@ def jobs(
     from node.market import PRECISIONS, STATUS_NAMES, ZERO_ADDRESS, Market
 
     market = Market(rpc_url, dev_account(0))
-    table = _table("job", "status", "batch×m×k×n", "precision", "fee (ETH)", "worker")
+    rows = []
     try:
         count = market.job_count()
         for job_id in range(count - 1, max(-1, count - 1 - limit), -1):
             job = market.job(job_id)
-            table.add_row(str(job_id), STATUS_NAMES[job.status],
-                          f"{job.batch}×{job.m}×{job.k}×{job.n}", PRECISIONS[job.precision],
-                          _eth(job.fee_wei),
-                          "-" if job.worker == ZERO_ADDRESS else job.worker)  # none yet
+            rows.append((str(job_id), STATUS_NAMES[job.status],
+                         f"{job.batch}×{job.m}×{job.k}×{job.n}", PRECISIONS[job.precision],
+                         _eth(job.fee_wei),
+                         "-" if job.worker == ZERO_ADDRESS else job.worker))  # none yet
     finally:
         market.close()
-    console.print(table)
+    print_table(console, ("job", "status", "batch×m×k×n", "precision", "fee (ETH)", "worker"),
+                rows, whole=("worker",))
 
 
 @app.command()
@@ -574,18 +608,21 @@ def balance(
     address: Annotated[str | None, typer.Argument(help="Default: the keystore's address.")] = None,
     rpc_url: RpcUrl = DEFAULT_RPC,
     keystore: Keystore = None,
-    password_file: PasswordFile = None,
+    password_file: Annotated[Path | None, typer.Option(  # accepted, as before; not needed
+        "--password-file", hidden=True)] = None,
 ) -> None:
     """Show an account's balance and stake.
 
     Example: [bold]needle-net balance 0xf39F...[/bold]
     """
+    from chain.devnet import dev_account
     from node.market import Market
 
-    address = _address(address) if address else None
-    account = _account(keystore, password_file)
-    market = Market(rpc_url, account)
-    address = address or account.address
+    if address:
+        address = _address(address)
+    else:  # the keystore's address is in its file: no password needed to read it
+        address = _keystore_address(keystore) if keystore else dev_account(0).address
+    market = Market(rpc_url, dev_account(0))  # reads only
     try:
         stake, withdraw_block, claims = market.worker_info(address)
         wei = market.balance_of(address)
@@ -619,14 +656,21 @@ def keys_show(
 
     Example: [bold]needle-net keys show .needle-net/worker/key.json[/bold]
     """
+    console.print(_keystore_address(path))
+
+
+def _keystore_address(path: Path) -> str:
+    """A keystore's checksummed address, read from its file without decrypting it."""
+    from web3 import Web3
+
+    if not path.is_file():
+        raise keys.KeystoreError(f"keystore {path} does not exist or is not a file")
     address = keys.read_keyfile(path).get("address")
     if address is None:
         _fail(f"cannot read an address from keystore {path}: it has no \"address\" field")
-    from web3 import Web3
-
     if not Web3.is_address("0x" + str(address).removeprefix("0x")):
         _fail(f"keystore {path} holds no valid address ({address!r})")
-    console.print(Web3.to_checksum_address("0x" + address.removeprefix("0x")))
+    return Web3.to_checksum_address("0x" + address.removeprefix("0x"))
 
 
 @app.command()

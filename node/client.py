@@ -12,6 +12,7 @@ Every failure is a RemoteJobError that names the stage it happened in.
 from __future__ import annotations
 
 import numbers
+import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -200,6 +201,7 @@ class JobClient:
         progress: bool = False,
         max_blob_bytes: int | None = None,
         poll_interval: float = 1.0,
+        output_name: str = "C.npy",
     ) -> None:
         fee_wei = _checked_fee(DEFAULT_FEE_WEI if fee_wei is None else fee_wei, timeout,
                                timeout_blocks)
@@ -217,6 +219,8 @@ class JobClient:
         self.local_check = local_check
         self.progress = progress
         self.poll_interval = poll_interval
+        self.output_name = output_name  # the file the fetch commands in messages write
+        self.job_ids: list[int] = []  # of the latest `matmul_batch`, once opened on chain
         self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="fetch")
 
     def close(self) -> None:
@@ -229,8 +233,10 @@ class JobClient:
     def matmul_batch(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """Submit all products in one transaction and return their verified results."""
         opened: list[_Pending] = []
+        self.job_ids = []
         try:
             self._submit(pairs, opened)
+            self.job_ids = [p.job_id for p in opened]
             return self.wait(opened)
         except KeyboardInterrupt as err:
             # a Ctrl-C between the steps (the jobs opened, `wait` not yet following them)
@@ -436,11 +442,11 @@ class JobClient:
             finished = _finished(pending)
             if not finished:
                 raise
-            raise RemoteJobError(err.stage, f"{err.message}; {_finished_note(finished)} (the "
+            raise RemoteJobError(err.stage, f"{err.message}; {self._finished_note(finished)} (the "
                                  "error's `results` holds them)", err.job_id, finished) from err
         except KeyboardInterrupt:
             finished = _finished(pending)
-            done = f"; {_finished_note(finished)}" if finished else ""
+            done = f"; {self._finished_note(finished)}" if finished else ""
             raise KeyboardInterrupt(f"interrupted: {self.abandon(pending)}{done}") from None
         finally:
             if display:
@@ -456,6 +462,16 @@ class JobClient:
             return err
         return RemoteJobError(err.stage, f"{err.message}; the rest of the batch: "
                               f"{self.abandon(others)}", err.job_id)
+
+    def fetch_command(self, job_id: int) -> str:
+        """The command that downloads a job's result, to the file this client writes."""
+        return f"`needle-net fetch {job_id} -o {shlex.quote(self.output_name)}`"
+
+    def _finished_note(self, results: dict[int, np.ndarray]) -> str:
+        """The jobs of a batch that finished before its wait ended in an error: paid for,
+        their results are still to be had."""
+        return "; ".join(f"job {job_id} finished, verified and paid for: "
+                         f"{self.fetch_command(job_id)} gets its result" for job_id in results)
 
     def abandon(self, pending: list[_Pending]) -> str:
         """Cancel the unfinished jobs that are still open, for their fees back (nobody would
@@ -474,7 +490,7 @@ class JobClient:
                         f"`needle-net cancel {p.job_id}` refunds it")
         refused = f" ({p.nudge_refused})" if p.nudge_refused else ""
         return (f"job {p.job_id} was taken by a worker and cannot be cancelled now{refused}: "
-                f"`needle-net fetch {p.job_id} -o C.npy` gets its result once it is done, "
+                f"{self.fetch_command(p.job_id)} gets its result once it is done, "
                 f"`needle-net cancel {p.job_id}` refunds it if its worker misses its "
                 f"deadline{f' (block {p.deadline})' if p.deadline else ''}")
 
@@ -520,7 +536,7 @@ class JobClient:
                     if found.stage == "fetch":
                         raise RemoteJobError(
                             "fetch", f"{found.message}; the result is verified and paid for: "
-                            f"`needle-net fetch {p.job_id} -o C.npy` downloads it",
+                            f"{self.fetch_command(p.job_id)} downloads it",
                             p.job_id) from found
                     raise found
                 p.result = found
@@ -593,13 +609,6 @@ def _presigned(signing: Future | None) -> tuple | None:
 def _finished(pending: list[_Pending]) -> dict[int, np.ndarray]:
     """The results of the jobs that finished, by job id."""
     return {p.job_id: p.result for p in pending if p.result is not None}
-
-
-def _finished_note(results: dict[int, np.ndarray]) -> str:
-    """The jobs of a batch that finished before its wait ended in an error: paid for, their
-    results are still to be had."""
-    return "; ".join(f"job {job_id} finished, verified and paid for: `needle-net fetch "
-                     f"{job_id} -o C.npy` gets its result" for job_id in results)
 
 
 def _unclaimed_hint(p: _Pending, timeout_blocks: int) -> str:

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Column, Table
 
+from node.cli import print_table
 from node.client import JobClient, RemoteJobError
 from node.devnet import Devnet, DevnetError
 from node.training import train_digits
@@ -84,6 +84,9 @@ def run_demo(workers: int, data_dir: Path | None, console: Console) -> None:
                 except (DevnetError, RemoteJobError) as err:
                     _report_failure(net, err, console)
                     raise SystemExit(1) from None
+            console.print("the demo's chain node and workers are stopped; `needle-net devnet "
+                          "up` runs a network that stays up, each worker's dashboard at its "
+                          "API URL")
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -108,6 +111,8 @@ def _show(net: Devnet, workers: int, console: Console) -> None:
     parties = [client.address, *(w.address for w in net.workers)]
     before, books_before = _balances(client, parties), _books(net)
     console.print(f"chain at {net.rpc_url}; client {client.address}")
+    console.print("worker dashboards, live while the demo runs: "
+                  + ", ".join(w.api_url for w in net.workers))
 
     console.rule("1. one verified remote matmul (256 x 256, float32)")
     rng = np.random.default_rng(0)
@@ -133,17 +138,14 @@ def _show(net: Devnet, workers: int, console: Console) -> None:
 
     console.rule("3. what each party saw and earned")
     after, books = _balances(client, parties), _books(net)
-    # cells wrap rather than end in `…`: at 80 columns the addresses were cut short
-    table = Table(*(Column(header, overflow="fold") for header in (
-        "party", "address", "jobs verified", "fees earned (ETH)", "balance change (ETH)")))
-    table.add_row("client", client.address, "", "",
-                  f"{(after[client.address] - before[client.address]) / ETHER:+.6f}")
+    rows = [("client", client.address, "", "",
+             f"{(after[client.address] - before[client.address]) / ETHER:+.6f}")]
     for w in net.workers:
         done, earned = (now - then for now, then in zip(books[w.address],
                                                         books_before[w.address], strict=True))
-        table.add_row(f"worker {w.index}", w.address, str(done), f"{earned / ETHER:.6f}",
-                      f"{(after[w.address] - before[w.address]) / ETHER:+.6f}")
-    console.print(table)
-    console.print("worker balance change = fees + proof-of-useful-work block rewards "
-                  "- gas; dashboards: " + ", ".join(w.api_url for w in net.workers))
+        rows.append((f"worker {w.index}", w.address, str(done), f"{earned / ETHER:.6f}",
+                     f"{(after[w.address] - before[w.address]) / ETHER:+.6f}"))
+    print_table(console, ("party", "address", "jobs verified", "fees earned (ETH)",
+                          "balance change (ETH)"), rows, whole=("address",))
+    console.print("worker balance change = fees + proof-of-useful-work block rewards - gas")
     client.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import re
 import socket
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -60,11 +61,22 @@ TxReverted = TransactionReverted
 
 def node_refusal(err: Exception) -> str:
     """What the chain node said when it refused a request (a JSON-RPC error's message, e.g.
-    "insufficient funds: ..."), for the one line a user sees."""
+    "insufficient funds: ..."), for the one line a user sees. The node's insufficient-funds
+    amounts are in wei (`balance 9994976999979456137055`); they are given in ETH, exactly,
+    as every other amount the user sees."""
     answer = getattr(err, "rpc_response", None)
     answer = answer.get("error") if isinstance(answer, dict) else None
     message = answer.get("message") if isinstance(answer, dict) else None
-    return f"the chain node refused: {message or err}"
+    message = str(message or err)
+
+    def in_ether(amount: re.Match) -> str:
+        whole, fraction = divmod(int(amount["wei"]), 10**18)
+        digits = f"{fraction:018d}".rstrip("0")
+        return f"{amount['what']} {whole}{'.' if digits else ''}{digits} ETH"
+
+    if message.startswith("insufficient funds: "):
+        message = re.sub(r"(?P<what>balance|with|cost) (?P<wei>\d+)\b", in_ether, message)
+    return f"the chain node refused: {message}"
 
 
 def is_transient(err: BaseException) -> bool:

@@ -90,6 +90,47 @@ def _deliver(worker, job_id: int, c: np.ndarray) -> None:
 # -- output path (bug 1) ---------------------------------------------------------------
 
 
+def test_a_result_that_cannot_be_written_names_its_job_and_fetch_gets_it(chain, tmp_path,
+                                                                         node):
+    """The output's directory removed while the job ran (as a full disk would fail the
+    write): the job is done and paid for, and the error said only "cannot write", with no
+    job id to fetch it by. It now names the job and the fetch command; a success names the
+    job too."""
+    observer, worker = chain
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((5, 3), np.float32), rng.standard_normal((3, 4), np.float32)
+    a_path, b_path = _operands(tmp_path, a, b)
+    out = tmp_path / "out"
+    out.mkdir()
+    jobs = observer.job_count()
+    alive, join = _in_thread(lambda: _cli(
+        "submit", a_path, b_path, "-o", out / "c.npy", "--timeout", "60", "--rpc-url",
+        node.url, *keystore_options(tmp_path, SUBMITTER)))
+    job_id = _wait_for_job(observer, jobs, alive)
+    worker.send(worker.market.functions.claimJob(job_id))
+    out.rmdir()
+    _deliver(worker, job_id, a @ b)
+    line = _one_error_line(join())
+    assert line.startswith(f"error: cannot write {out / 'c.npy'}: "), line
+    assert line.endswith(f"; job {job_id}'s result is verified and paid for: `needle-net "
+                         f"fetch {job_id} -o FILE` writes it to FILE"), line
+    fetched = _cli("fetch", job_id, "-o", tmp_path / "again.npy", "--rpc-url", node.url)
+    assert fetched.exit_code == 0, fetched.output
+    np.testing.assert_array_equal(np.load(tmp_path / "again.npy"), a @ b)
+
+    jobs = observer.job_count()
+    alive, join = _in_thread(lambda: _cli(
+        "submit", a_path, b_path, "-o", tmp_path / "c2.npy", "--timeout", "60", "--rpc-url",
+        node.url, *keystore_options(tmp_path, SUBMITTER)))
+    job_id = _wait_for_job(observer, jobs, alive)
+    worker.send(worker.market.functions.claimJob(job_id))
+    _deliver(worker, job_id, a @ b)
+    done = join()
+    assert done.exit_code == 0, done.output
+    assert f"wrote {tmp_path / 'c2.npy'} (5, 4) float32: job {job_id}'s result, verified" \
+        in " ".join(done.output.split())
+
+
 @pytest.mark.parametrize("where", ["missing_dir/c.npy", "."])
 def test_unwritable_output_is_refused_before_submitting(chain, tmp_path, node, where):
     observer, _ = chain
@@ -151,7 +192,7 @@ def test_timeout_after_a_claim_names_the_job_and_fetch_gets_its_result(chain, tm
     worker.send(worker.market.functions.claimJob(job_id))
     line = _one_error_line(join())
     assert f"job {job_id} was taken by a worker and cannot be cancelled now" in line
-    assert f"needle-net fetch {job_id} -o C.npy" in line
+    assert f"needle-net fetch {job_id} -o {tmp_path / 'c.npy'}`" in line  # the user's -o
     assert observer.job(job_id).status == JOB_CLAIMED
 
     not_yet = _one_error_line(_cli("fetch", job_id, "-o", tmp_path / "c.npy", "--rpc-url",
@@ -319,7 +360,7 @@ def test_keystore_problems_are_one_error_line(node, tmp_path, monkeypatch, conte
     else:
         path = tmp_path / f"key{STRANGER}.json"
         path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
-    assert message in _one_error_line(_cli("balance", "--rpc-url", node.url, *options))
+    assert message in _one_error_line(_cli("withdraw", "--rpc-url", node.url, *options))
 
 
 def test_keys_new_without_or_with_an_empty_password_creates_nothing(tmp_path, monkeypatch):

@@ -136,7 +136,7 @@ def test_send_reports_a_transfer_that_failed_on_chain(node, tmp_path):
 
 
 @pytest.mark.parametrize("command", [
-    ["keys", "new", "NEW"], ["balance", "--keystore", "KEY", "--rpc-url", "http://127.0.0.1:1"]],
+    ["keys", "new", "NEW"], ["withdraw", "--keystore", "KEY", "--rpc-url", "http://127.0.0.1:1"]],
     ids=lambda c: c[0])
 def test_a_password_file_that_is_not_utf8_is_one_error_line(tmp_path, command):
     """A password saved as Latin-1 (`pässwort` from an editor set to it): before, a
