@@ -24,6 +24,7 @@ from eth_account import Account
 from eth_utils import keccak
 from web3.exceptions import Web3RPCError
 
+from chain.blobhttp import BlobPortUnreachable
 from chain.blobs import encode_header
 from chain.client import nonce_taken
 from chain.params import GENESIS_GAS_LIMIT
@@ -320,13 +321,15 @@ class JobClient:
         """`market.put_arrays`, tried again until the timeout where the connection was cut
         or reset (the chain node killed and restarted mid-upload): the first reset failed
         the submission at once. Blobs are stored under their hash, so one that arrived
-        before the cut is stored once whatever is sent again."""
+        before the cut is stored once whatever is sent again. A store that cannot be reached
+        at all is the blob client's to wait for (`refused_upload_wait`), not tried again
+        here: a wrong or dead blob URL failed only after the whole timeout."""
         end = time.monotonic() + self.timeout
         while True:
             try:
                 return self.market.put_arrays(arrays)
             except Exception as err:
-                if not is_transient(err) or time.monotonic() > end:
+                if not _cut_off(err) or time.monotonic() > end:
                     raise
                 time.sleep(self.poll_interval)
 
@@ -609,6 +612,14 @@ def _presigned(signing: Future | None) -> tuple | None:
 def _finished(pending: list[_Pending]) -> dict[int, np.ndarray]:
     """The results of the jobs that finished, by job id."""
     return {p.job_id: p.result for p in pending if p.result is not None}
+
+
+def _cut_off(err: BaseException) -> bool:
+    """A connection that was made and then reset or cut mid-request (network trouble that
+    a resend may get past), as opposed to one that could not be made."""
+    unreachable = (ConnectionRefusedError, BlobPortUnreachable)
+    return is_transient(err) and not isinstance(err, unreachable) and \
+        not isinstance(err.__cause__, unreachable)
 
 
 def _unclaimed_hint(p: _Pending, timeout_blocks: int) -> str:
