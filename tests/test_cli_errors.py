@@ -102,15 +102,21 @@ def test_a_result_that_cannot_be_written_names_its_job_and_fetch_gets_it(chain, 
     a_path, b_path = _operands(tmp_path, a, b)
     out = tmp_path / "out"
     out.mkdir()
-    jobs = observer.job_count()
-    alive, join = _in_thread(lambda: _cli(
-        "submit", a_path, b_path, "-o", out / "c.npy", "--timeout", "60", "--rpc-url",
-        node.url, *keystore_options(tmp_path, SUBMITTER)))
-    job_id = _wait_for_job(observer, jobs, alive)
-    worker.send(worker.market.functions.claimJob(job_id))
-    out.rmdir()
-    _deliver(worker, job_id, a @ b)
-    line = _one_error_line(join())
+
+    def delivered(output, before_delivery=lambda: None):
+        """`submit` to `output`, its job claimed and delivered by hand: (job id, result)."""
+        jobs = observer.job_count()
+        alive, join = _in_thread(lambda: _cli(
+            "submit", a_path, b_path, "-o", output, "--timeout", "60", "--rpc-url", node.url,
+            *keystore_options(tmp_path, SUBMITTER)))
+        job_id = _wait_for_job(observer, jobs, alive)
+        worker.send(worker.market.functions.claimJob(job_id))
+        before_delivery()
+        _deliver(worker, job_id, a @ b)
+        return job_id, join()
+
+    job_id, failed = delivered(out / "c.npy", out.rmdir)
+    line = _one_error_line(failed)
     assert line.startswith(f"error: cannot write {out / 'c.npy'}: "), line
     assert line.endswith(f"; job {job_id}'s result is verified and paid for: `needle-net "
                          f"fetch {job_id} -o FILE` writes it to FILE"), line
@@ -118,14 +124,7 @@ def test_a_result_that_cannot_be_written_names_its_job_and_fetch_gets_it(chain, 
     assert fetched.exit_code == 0, fetched.output
     np.testing.assert_array_equal(np.load(tmp_path / "again.npy"), a @ b)
 
-    jobs = observer.job_count()
-    alive, join = _in_thread(lambda: _cli(
-        "submit", a_path, b_path, "-o", tmp_path / "c2.npy", "--timeout", "60", "--rpc-url",
-        node.url, *keystore_options(tmp_path, SUBMITTER)))
-    job_id = _wait_for_job(observer, jobs, alive)
-    worker.send(worker.market.functions.claimJob(job_id))
-    _deliver(worker, job_id, a @ b)
-    done = join()
+    job_id, done = delivered(tmp_path / "c2.npy")
     assert done.exit_code == 0, done.output
     assert f"wrote {tmp_path / 'c2.npy'} (5, 4) float32: job {job_id}'s result, verified" \
         in " ".join(done.output.split())
