@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+import uvicorn
 
 from chain.blobs import DEFAULT_MAX_BLOB_BYTES
 from chain.blobserver import UVICORN_MAX_CONNECTIONS
@@ -58,7 +59,6 @@ def up(
     """Start a node: JSON-RPC at http://HOST:PORT/, node info at /info, blobs at
     http://HOST:BLOB_PORT/blobs (and at /blobs). Refuses to start, before it opens the
     database, when a port is taken or another node holds the data dir."""
-    import uvicorn
     from eth_utils import to_checksum_address
 
     from chain.blobserver import BlobServer, bounded_http
@@ -95,8 +95,9 @@ def up(
                f"{node.blobs.reserve_bytes >> 20} MiB of disk kept free)")
     app = create_app(node)
     app.fallback.state.blob_port = blobs.port  # /info advertises it as blob_url
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level,
-                                           http=bounded_http(max_connections)))
+    server = NodeServer(uvicorn.Config(app, host=host, port=rpc_port, log_level=log_level,
+                                       http=bounded_http(max_connections),
+                                       timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     node.start()
     blobs.start()
     # uvicorn catches SIGTERM, shuts down, then raises it again for the handler it found:
@@ -108,6 +109,21 @@ def up(
         blobs.close()
         node.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+# Seconds a stopping node's server waits for requests in progress (a blob upload on the
+# main port, say) once its long polls are answered; then it cuts them. `docker stop` waits
+# 10 s before it kills, and node.stop() still has to seal what was admitted.
+SHUTDOWN_GRACE_S = 5
+
+
+class NodeServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown first answers the node's long polls: it waits for
+    every request in progress, and a long poll may last MAX_WAIT_S."""
+
+    async def shutdown(self, sockets=None) -> None:
+        self.config.app.answer_waiters()
+        await super().shutdown(sockets)
 
 
 def exit_on_signal(signum: int, _frame) -> None:

@@ -1313,6 +1313,7 @@ class NodeApp:
         # long polls waiting on the event loop: (ready, future); no thread each, one
         # wake-up of the loop per sealed block (node.on_sealed)
         self.waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
+        self.closing = False  # the server is shutting down: long polls answer at once
 
     async def __call__(self, scope, receive, send) -> None:
         if self.loop is None:
@@ -1478,6 +1479,8 @@ class NodeApp:
         as soon as the client disconnects (its waiter then leaves at once: before, it stayed
         to its timeout, and clients that opened and dropped long polls piled them up, each
         checked at every block)."""
+        if self.closing:
+            return True
         waiter = (ready, self.loop.create_future())
         self.waiters.append(waiter)
         gone = asyncio.ensure_future(_disconnect(receive))
@@ -1489,6 +1492,17 @@ class NodeApp:
             gone.cancel()
             if waiter in self.waiters:
                 self.waiters.remove(waiter)
+
+    def answer_waiters(self) -> None:
+        """On the loop, as the server shuts down: answer every long poll now with what holds
+        (a transaction still pending gets a null receipt, and its client asks again once the
+        node is back). Uvicorn waits for requests in progress before it stops, and a long poll
+        on a transaction behind a nonce gap held a SIGTERMed node up to MAX_WAIT_S."""
+        self.closing = True
+        for _, future in self.waiters:
+            if not future.done():
+                future.set_result(None)
+        self.waiters = []
 
     def _sealed(self) -> None:
         """On the producer thread, after each block: wake the loop for the long polls."""
