@@ -240,6 +240,32 @@ def finalize_when_due(market, job_id: int) -> None:
     raise AssertionError(f"job {job_id} could not be finalised")
 
 
+def balances_at_head(market, parties: list[str]) -> tuple[int, int]:
+    """(head, every party's balance summed at that block): with `base_fees_burned`, the
+    money check of a whole run (only base fees leave the parties)."""
+    head = market.block_number()
+    return head, sum(market.w3.eth.get_balance(a, block_identifier=head) for a in parties)
+
+
+def base_fees_burned(market, first: int, last: int) -> int:
+    blocks = (market.w3.eth.get_block(n) for n in range(first, last + 1))
+    return sum(block["gasUsed"] * block.get("baseFeePerGas", 0) for block in blocks)
+
+
+def cancel_as_submitter(market, job_id: int) -> None:
+    """Cancel an open job with its submitter's key (one of the first 20 dev accounts)."""
+    from chain.devnet import dev_account
+    from node.market import Market
+
+    submitter = market.job(job_id).submitter
+    owner = Market(market.client.url, next(
+        dev_account(i) for i in range(20) if dev_account(i).address == submitter))
+    try:
+        owner.send("cancel", job_id)
+    finally:
+        owner.close()
+
+
 def keystore_options(tmp_path, index: int) -> list[str]:
     """CLI options for a keystore holding dev account `index` (funded in genesis)."""
     from chain.devnet import dev_account

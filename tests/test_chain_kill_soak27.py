@@ -22,7 +22,17 @@ import time
 
 import numpy as np
 import pytest
-from helpers import FlakyProxy, keystore_options, one_block, run_worker, stop_worker, wait_for
+from helpers import (
+    FlakyProxy,
+    balances_at_head,
+    base_fees_burned,
+    cancel_as_submitter,
+    keystore_options,
+    one_block,
+    run_worker,
+    stop_worker,
+    wait_for,
+)
 
 from chain.blobhttp import BlobClient
 from chain.blobs import encode_array
@@ -121,27 +131,11 @@ def _parties() -> list[str]:
     return [dev_account(i).address for i in range(20)] + [MARKET, POOL]
 
 
-def _total(market: Market) -> tuple[int, int]:
-    head = market.block_number()
-    return head, sum(market.w3.eth.get_balance(a, block_identifier=head) for a in _parties())
-
-
-def _burned(market: Market, first: int, last: int) -> int:
-    return sum(b["gasUsed"] * b.get("baseFeePerGas", 0)
-               for b in (market.w3.eth.get_block(n) for n in range(first, last + 1)))
-
-
 def _settle_open_jobs(market: Market, count: int) -> None:
     """Every job left open is cancelled by its submitter (its way out)."""
     for job_id in range(count):
-        job = market.job(job_id)
-        if job.status == JOB_OPEN:
-            owner = Market(market.client.url, next(
-                dev_account(i) for i in range(20) if dev_account(i).address == job.submitter))
-            try:
-                owner.send("cancel", job_id)
-            finally:
-                owner.close()
+        if market.job(job_id).status == JOB_OPEN:
+            cancel_as_submitter(market, job_id)
 
 
 def test_clients_and_workers_ride_out_sigkilled_chain_node_restarts(tmp_path):
@@ -151,7 +145,7 @@ def test_clients_and_workers_ride_out_sigkilled_chain_node_restarts(tmp_path):
     workers, threads, streams, market = [], [], [], None
     try:
         market = Market(node.url, dev_account(OBSERVER))
-        first, total_before = _total(market)
+        first, total_before = balances_at_head(market, _parties())
         for index in WORKERS:
             worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path / f"w{index}",
                                          stake_wei=STAKE, poll_interval=0.2),
@@ -240,8 +234,8 @@ def test_clients_and_workers_ride_out_sigkilled_chain_node_restarts(tmp_path):
         assert functions.totalEscrow().call() == 0
         assert market.balance_of(MARKET) == functions.totalStaked().call() + \
             functions.totalOwed().call()
-        last, total_after = _total(market)
-        assert total_after - total_before == -_burned(market, first + 1, last)
+        last, total_after = balances_at_head(market, _parties())
+        assert total_after - total_before == -base_fees_burned(market, first + 1, last)
     finally:
         for stream in streams:
             stream.stop.set()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import wait_for
+from helpers import balances_at_head, base_fees_burned, wait_for
 
 from chain.devnet import dev_account
 from node.devnet import Devnet, DevnetError
@@ -84,17 +84,6 @@ def _submit(net: Devnet, tmp_path: Path, tag: str, seed: int) -> tuple:
     return process, a, b
 
 
-def _total(market: Market, parties: list[str]) -> tuple[int, int]:
-    """(head, every party's balance summed at that block)."""
-    head = market.block_number()
-    return head, sum(market.w3.eth.get_balance(a, block_identifier=head) for a in parties)
-
-
-def _burned(market: Market, first: int, last: int) -> int:
-    blocks = (market.w3.eth.get_block(n) for n in range(first, last + 1))
-    return sum(block["gasUsed"] * block.get("baseFeePerGas", 0) for block in blocks)
-
-
 def test_client_killed_while_the_chain_restarts_its_jobs_are_fetched_or_cancelled(tmp_path):
     net = Devnet(tmp_path / "devnet", block_time=0.5)
     clients: list[subprocess.Popen] = []
@@ -104,7 +93,7 @@ def test_client_killed_while_the_chain_restarts_its_jobs_are_fetched_or_cancelle
         parties = [dev_account(i).address for i in range(20)] + \
             [net.worker_account(0).address, MARKET, POOL]
         market = Market(net.rpc_url, dev_account(7))
-        first, total_before = _total(market, parties)
+        first, total_before = balances_at_head(market, parties)
         worker = net.start_worker(0, extra_args=("--stall-after-claim", "3"),
                                   env={"NEEDLE_NET_ALLOW_CHEAT": "1"})
 
@@ -147,8 +136,8 @@ def test_client_killed_while_the_chain_restarts_its_jobs_are_fetched_or_cancelle
         assert functions.totalEscrow().call() == 0
         assert market.balance_of(MARKET) == functions.totalStaked().call() + \
             functions.totalOwed().call()
-        last, total_after = _total(market, parties)
-        assert total_after - total_before == -_burned(market, first + 1, last)
+        last, total_after = balances_at_head(market, parties)
+        assert total_after - total_before == -base_fees_burned(market, first + 1, last)
     finally:
         if market is not None:
             market.close()

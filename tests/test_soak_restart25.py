@@ -14,7 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from helpers import run_worker, stop_worker, submit_as_declared, wait_for
+from helpers import (
+    balances_at_head,
+    base_fees_burned,
+    cancel_as_submitter,
+    run_worker,
+    stop_worker,
+    submit_as_declared,
+    wait_for,
+)
 
 from chain.blobs import blob_id, encode_array
 from chain.devnet import dev_account
@@ -117,16 +125,6 @@ def _parties(net: Devnet, workers: int) -> list[str]:
         [net.worker_account(i).address for i in range(workers)] + [MARKET, POOL]
 
 
-def _total(market: Market, parties: list[str]) -> tuple[int, int]:
-    head = market.block_number()
-    return head, sum(market.w3.eth.get_balance(a, block_identifier=head) for a in parties)
-
-
-def _burned(market: Market, first: int, last: int) -> int:
-    blocks = (market.w3.eth.get_block(n) for n in range(first, last + 1))
-    return sum(block["gasUsed"] * block.get("baseFeePerGas", 0) for block in blocks)
-
-
 def _events(market: Market, name: str, **filters) -> list:
     return getattr(market.contract.events, name).get_logs(argument_filters=filters,
                                                          from_block=0)
@@ -151,12 +149,7 @@ def _settle_leftovers(market: Market, count: int) -> None:
             market.send("reopenExpired", job_id)
             job = market.job(job_id)
         if job.status == JOB_OPEN:
-            owner = Market(market.client.rpc_url, next(
-                dev_account(i) for i in range(20) if dev_account(i).address == job.submitter))
-            try:
-                owner.send("cancel", job_id)
-            finally:
-                owner.close()
+            cancel_as_submitter(market, job_id)
 
 
 def test_soak_with_worker_and_chain_restarts_keeps_results_money_and_books(tmp_path):
@@ -167,7 +160,7 @@ def test_soak_with_worker_and_chain_restarts_keeps_results_money_and_books(tmp_p
         net.start_chain()
         parties = _parties(net, 2)
         market = Market(net.rpc_url, dev_account(7))
-        first, total_before = _total(market, parties)
+        first, total_before = balances_at_head(market, parties)
         # worker 0 stalls after each claim until it is SIGKILLed (then restarted without)
         workers = [net.start_worker(0, extra_args=(*POLL, "--stall-after-claim", "600"),
                                     env={"NEEDLE_NET_ALLOW_CHEAT": "1"}),
@@ -252,8 +245,8 @@ def test_soak_with_worker_and_chain_restarts_keeps_results_money_and_books(tmp_p
         assert functions.totalEscrow().call() == 0
         assert market.balance_of(MARKET) == functions.totalStaked().call() + \
             functions.totalOwed().call()
-        last, total_after = _total(market, parties)
-        assert total_after - total_before == -_burned(market, first + 1, last)
+        last, total_after = balances_at_head(market, parties)
+        assert total_after - total_before == -base_fees_burned(market, first + 1, last)
 
         # each worker's books against the chain
         for worker in workers:
