@@ -734,10 +734,13 @@ class BlobClient:
         whole into memory, and a huge declared length allocated up front."""
         declared = response.length  # None: chunked, or until the connection closes
         body = b""
-        if declared is None or declared <= REPLY_BYTES:
-            while len(body) <= REPLY_BYTES and \
-                    (more := response.read(REPLY_BYTES + 1 - len(body))):
+        try:
+            while (declared is None or declared <= REPLY_BYTES) and len(body) <= REPLY_BYTES \
+                    and (more := response.read(REPLY_BYTES + 1 - len(body))):
                 body += more
+        except BaseException:  # as in `get`: no rest of a reply left on the connection
+            self.connections.current().close()
+            raise
         if len(body) > REPLY_BYTES or (declared or 0) > REPLY_BYTES:
             self.connections.current().close()  # the rest must not reach the next request
             raise BlobError(f"blob store answered {response.status} with a reply over "
@@ -882,11 +885,15 @@ class BlobClient:
             while got < size:
                 n = response.readinto(view[got:got + CHUNK])
                 if n == 0:
-                    self.connections.current().close()
                     raise BlobCutOff(f"blob 0x{id_.hex()}: connection closed after {got} "
                                      f"of {size} bytes")
                 got += n
                 hasher.hashed_up_to(view, got)
+        except BaseException:  # a timeout or Ctrl-C mid-body: the rest must not stay on the
+            # connection, where the thread's next request went out behind it (an upload
+            # then waited for the socket's timeout: nobody read it)
+            self.connections.current().close()
+            raise
         finally:
             digest = hasher.finish(view, got)
         if digest != id_:

@@ -61,15 +61,15 @@ class KeepAliveProvider(HTTPProvider):
         self.connections = Connections(url, timeout)
 
     def _make_request(self, method, request_data: bytes) -> bytes:
-        def send(conn):
+        def send(conn):  # the answer read whole inside the guard: see `_long_poll`
             conn.request("POST", self.connections.prefix or "/", request_data,
                          {"Content-Type": "application/json"})
-            return conn.getresponse()
+            response = conn.getresponse()
+            return response.status, response.read()
 
-        response = self.connections.request(send)
-        body = response.read()
-        if response.status != 200:
-            raise ConnectionError(f"JSON-RPC endpoint answered HTTP {response.status} to "
+        status, body = self.connections.request(send)
+        if status != 200:
+            raise ConnectionError(f"JSON-RPC endpoint answered HTTP {status} to "
                                   f"{method}: {body[:200]!r}")
         return body
 
@@ -243,17 +243,19 @@ class ChainClient:
             else:
                 conn.request("POST", url, json.dumps("0x" + raw.hex()),
                              {"Content-Type": "application/json"})
-            return conn.getresponse()
+            # read whole inside the connection's guard: a Ctrl-C in the read otherwise left
+            # the rest of this answer on the connection that the cancels then used
+            response = conn.getresponse()
+            return response.status, response.read()
 
-        response = self.w3.provider.connections.request(send)
-        body = response.read()
+        status, body = self.w3.provider.connections.request(send)
         mark(f"client long poll returned {params.get('block', 'tx')}")
-        if response.status == 404:
+        if status == 404:
             self._has_long_poll = False
             return None
-        if response.status != 200:
+        if status != 200:
             raise ConnectionError(f"{'GET' if raw is None else 'POST'} /wait answered HTTP "
-                                  f"{response.status}: {body[:200]!r}")
+                                  f"{status}: {body[:200]!r}")
         answer = json.loads(body)
         if "gas_price" in answer:
             self._fee = (time.monotonic(), int(answer["gas_price"]) * 2)

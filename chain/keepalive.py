@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import http.client
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
+T = TypeVar("T")
 RECONNECT_ERRORS = (http.client.RemoteDisconnected, http.client.ImproperConnectionState,
                     BrokenPipeError, ConnectionResetError)
 
@@ -39,9 +42,11 @@ class Connections:
                 self._all.append(conn)
         return conn
 
-    def request(self, send) -> http.client.HTTPResponse:
-        """`send(conn)` puts a request on this thread's connection and returns its response;
-        a keep-alive connection the server closed meanwhile is reopened once."""
+    def request(self, send: Callable[[http.client.HTTPConnection], T]) -> T:
+        """`send(conn)` puts a request on this thread's connection and reads its answer (a
+        caller that reads the body after this returns leaves it unguarded: a failure there,
+        a Ctrl-C say, kept the connection with the answer's rest on it); a keep-alive
+        connection the server closed meanwhile is reopened once."""
         conn = self.current()
         try:
             try:
