@@ -185,7 +185,7 @@ def test_timeout_after_a_claim_names_the_job_and_fetch_gets_its_result(chain, tm
     a_path, b_path = _operands(tmp_path, a, b)
     jobs = observer.job_count()
     alive, join = _in_thread(lambda: _cli(
-        "submit", a_path, b_path, "-o", tmp_path / "c.npy", "--timeout", "15", "--rpc-url",
+        "submit", a_path, b_path, "-o", tmp_path / "c.npy", "--timeout", "8", "--rpc-url",
         node.url, *keystore_options(tmp_path, SUBMITTER)))
     job_id = _wait_for_job(observer, jobs, alive)
     worker.send(worker.market.functions.claimJob(job_id))
