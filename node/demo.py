@@ -145,7 +145,11 @@ def _show(net: Devnet, workers: int, console: Console) -> None:
                                                         books_before[w.address], strict=True))
         rows.append((f"worker {w.index}", w.address, str(done), f"{earned / ETHER:.6f}",
                      f"{(after[w.address] - before[w.address]) / ETHER:+.6f}"))
-    print_table(console, ("party", "address", "jobs verified", "fees earned (ETH)",
-                          "balance change (ETH)"), rows, whole=("address",))
+    # the addresses under the table, each on a line of its own: in a column beside the
+    # amounts, at 80 columns they squeezed them until numbers folded mid-digit
+    print_table(console, ("party", "jobs verified", "fees earned (ETH)", "balance change (ETH)"),
+                [(party, *amounts) for party, _, *amounts in rows], whole=("party",))
     console.print("worker balance change = fees + proof-of-useful-work block rewards - gas")
+    for party, address, *_ in rows:
+        console.print(f"{party + ':':10}{address}", highlight=False)
     client.close()

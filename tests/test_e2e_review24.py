@@ -149,7 +149,7 @@ def _worker_row(output: str) -> tuple[int, str]:
     """(jobs verified, fees earned) of worker 0 in the demo's table."""
     row = next(line for line in output.splitlines() if line.startswith("│ worker 0 "))
     cells = [cell.strip() for cell in row.strip("│").split("│")]
-    return int(cells[2]), cells[3]
+    return int(cells[1]), cells[2]
 
 
 def test_a_demo_on_a_reused_data_dir_shows_what_this_run_earned(tmp_path):
