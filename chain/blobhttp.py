@@ -734,13 +734,10 @@ class BlobClient:
         whole into memory, and a huge declared length allocated up front."""
         declared = response.length  # None: chunked, or until the connection closes
         body = b""
-        try:
+        with self.connections.closing_on_failure():
             while (declared is None or declared <= REPLY_BYTES) and len(body) <= REPLY_BYTES \
                     and (more := response.read(REPLY_BYTES + 1 - len(body))):
                 body += more
-        except BaseException:  # as in `get`: no rest of a reply left on the connection
-            self.connections.current().close()
-            raise
         if len(body) > REPLY_BYTES or (declared or 0) > REPLY_BYTES:
             self.connections.current().close()  # the rest must not reach the next request
             raise BlobError(f"blob store answered {response.status} with a reply over "
@@ -882,18 +879,14 @@ class BlobClient:
                             f"{self.max_bytes}-byte limit")
         view, hasher, got = memoryview(np.empty(size, np.uint8)), _Hasher(size), 0
         try:
-            while got < size:
-                n = response.readinto(view[got:got + CHUNK])
-                if n == 0:
-                    raise BlobCutOff(f"blob 0x{id_.hex()}: connection closed after {got} "
-                                     f"of {size} bytes")
-                got += n
-                hasher.hashed_up_to(view, got)
-        except BaseException:  # a timeout or Ctrl-C mid-body: the rest must not stay on the
-            # connection, where the thread's next request went out behind it (an upload
-            # then waited for the socket's timeout: nobody read it)
-            self.connections.current().close()
-            raise
+            with self.connections.closing_on_failure():  # a cut, a timeout, a Ctrl-C
+                while got < size:
+                    n = response.readinto(view[got:got + CHUNK])
+                    if n == 0:
+                        raise BlobCutOff(f"blob 0x{id_.hex()}: connection closed after {got} "
+                                         f"of {size} bytes")
+                    got += n
+                    hasher.hashed_up_to(view, got)
         finally:
             digest = hasher.finish(view, got)
         if digest != id_:

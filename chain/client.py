@@ -244,7 +244,7 @@ class ChainClient:
                 conn.request("POST", url, json.dumps("0x" + raw.hex()),
                              {"Content-Type": "application/json"})
             # read whole inside the connection's guard: a Ctrl-C in the read otherwise left
-            # the rest of this answer on the connection that the cancels then used
+            # the rest of this answer on the connection the thread's next request took
             response = conn.getresponse()
             return response.status, response.read()
 

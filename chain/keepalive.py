@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import http.client
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -44,18 +45,25 @@ class Connections:
 
     def request(self, send: Callable[[http.client.HTTPConnection], T]) -> T:
         """`send(conn)` puts a request on this thread's connection and reads its answer (a
-        caller that reads the body after this returns leaves it unguarded: a failure there,
-        a Ctrl-C say, kept the connection with the answer's rest on it); a keep-alive
-        connection the server closed meanwhile is reopened once."""
+        caller that reads a body after this returns does so in `closing_on_failure`); a
+        keep-alive connection the server closed meanwhile is reopened once."""
         conn = self.current()
-        try:
+        with self.closing_on_failure():
             try:
                 return send(conn)
             except RECONNECT_ERRORS:
                 conn.close()
                 return send(conn)
+
+    @contextmanager
+    def closing_on_failure(self) -> Iterator[None]:
+        """Whatever fails inside (a timeout, a Ctrl-C), this thread's connection is closed,
+        so that its next request starts on a fresh one: left open with the rest of an
+        answer on it, the next request went out behind that rest, then again."""
+        try:
+            yield
         except BaseException:
-            conn.close()  # whatever failed, the next request starts on a fresh connection
+            self.current().close()
             raise
 
     def close(self) -> None:
