@@ -417,8 +417,8 @@ class ChainClient:
         try:
             fn_call.call({"from": self.account.address, "value": value},
                          block_identifier=receipt["blockNumber"] - 1)
-        except ContractLogicError as exc:
-            return f": {exc}"
+        except ContractLogicError as exc:  # its message: str() is a tuple with the hex data
+            return f": {exc.message or exc}"
         except Exception:  # noqa: BLE001 - the reason is a courtesy; the revert stands
             return ""
         return " (out of gas, or the state changed within its block)"

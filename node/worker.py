@@ -64,7 +64,6 @@ from node.metrics import NodeMetrics
 log = logging.getLogger("needle.worker")
 
 CHEAT_ENV = "NEEDLE_NET_ALLOW_CHEAT"
-REGISTER_ATTEMPTS = 3  # top-ups of the stake at start, each after a fresh read of it
 LOCK_FILE = "worker.lock"  # held (flock) by the worker using the data dir; holds its pid
 
 
@@ -704,17 +703,20 @@ class Worker:
         cancels it, so a worker restarted after a slash took jobs again, its owner's
         withdrawal undone, where one whose stake was whole stayed closed."""
         stake, withdraw_block, _ = self.chain.worker_info(self.address)
-        for attempt in range(REGISTER_ATTEMPTS):
-            if stake >= self.config.stake_wei or withdraw_block:
-                break
+        while stake < self.config.stake_wei and not withdraw_block:
             try:
                 self._register(self.config.stake_wei - stake)
-            except TxReverted:  # a slash in its block (a claim of the last run expiring)
-                # left the top-up short of the minimum: the worker exited; read, send again
-                if attempt + 1 == REGISTER_ATTEMPTS:
+            except TxReverted:
+                # a slash mined first (a claim of the last run expiring) left the top-up short
+                # of the minimum: read and send again. Each slash ends a claim, so this
+                # repeats at most once per claim in flight; a revert with no slash has
+                # another cause.
+                priced_at = stake
+                stake, withdraw_block, _ = self.chain.worker_info(self.address)
+                if stake >= priced_at:
                     raise
-            else:
-                log.info("registered %s with stake %d wei", self.address, self.config.stake_wei)
+                continue
+            log.info("registered %s with stake %d wei", self.address, self.config.stake_wei)
             stake, withdraw_block, _ = self.chain.worker_info(self.address)
         self._unanswered_register = None  # mined, if it was sent
         if withdraw_block:  # requested before a restart: the chain refuses every claim now
