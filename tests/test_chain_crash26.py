@@ -33,7 +33,7 @@ from chain.params import DEV_ACCOUNT_BALANCE, DEV_ACCOUNT_COUNT, REWARD_POOL_GEN
 MARKET = "0x000000000000000000000000000000000000c0DE"
 POOL = "0x0000000000000000000000000000000000000FEE"
 SINK = Web3.to_checksum_address("0x" + "aa" * 20)  # receives the transfers
-KILLS = int(os.environ.get("CRASH26_KILLS", "8"))  # more for a longer soak by hand
+KILLS = int(os.environ.get("CRASH26_KILLS", "12"))  # more for a longer soak by hand
 TRANSFERS_EACH = 3  # per account and batch
 SEED = int(os.environ.get("CRASH26_SEED", "26"))
 FEE = 10**13

@@ -36,7 +36,7 @@ from chain.params import CHAIN_ID, MARKET_ADDRESS, REWARD_PER_GFLOP, REWARD_POOL
 from chain.rpc import Rpc
 
 pytestmark = pytest.mark.timeout(180)
-BLOCKS = 750  # blocks of 1 to 4 random transactions (and runs of empty blocks between)
+BLOCKS = 1000  # blocks of 1 to 4 random transactions (and runs of empty blocks between)
 
 ETHER = 10**18
 MIN_STAKE = ETHER
