@@ -364,7 +364,7 @@ class Tensor(Value):
         return ops.max(self, axes, keepdims)
 
     def reshape(self, *shape) -> Tensor:
-        if len(shape) == 1 and not isinstance(shape[0], int):
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):  # numpy's size
             shape = shape[0]
         return ops.reshape(self, tuple(shape))
 

@@ -289,6 +289,26 @@ class StepLR:
         self.optimizer.lr = self.base_lr * self.gamma ** (self.steps // self.step_size)
 
 
+class MultiStepLR:
+    """lr = base_lr * gamma ** (milestones reached), a milestone being a count of step()
+    calls: the same schedule whether or not the steps divide evenly."""
+
+    def __init__(self, optimizer: Optimizer, milestones: list[int], gamma: float = 0.1):
+        for milestone in milestones:
+            _check_steps("a milestone", milestone)
+        check_number("gamma", gamma, 0.0)
+        self.optimizer = optimizer
+        self.milestones = sorted(milestones)
+        self.gamma = gamma
+        self.base_lr = optimizer.lr
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        reached = sum(self.steps >= milestone for milestone in self.milestones)
+        self.optimizer.lr = self.base_lr * self.gamma ** reached
+
+
 class CosineLR:
     """Cosine decay from base_lr to min_lr over total_steps calls of step(), then flat."""
 

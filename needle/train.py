@@ -233,8 +233,9 @@ def build_optimizer(args, params) -> optim.Optimizer:
 
 
 def build_schedule(args, optimizer):
-    if args.schedule == "step":
-        return optim.StepLR(optimizer, step_size=max(args.epochs // 3, 1), gamma=0.1)
+    if args.schedule == "step":  # x0.1 from the second third of the epochs, again from the last
+        thirds = [-(-args.epochs // 3), -(-2 * args.epochs // 3)]
+        return optim.MultiStepLR(optimizer, milestones=thirds, gamma=0.1)
     if args.schedule == "cosine":
         return optim.CosineLR(optimizer, total_steps=args.epochs)
     return None
@@ -372,6 +373,9 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
     language = args.data == "ptb"
     if language != (args.model in ("lstm", "transformer")):
         raise SystemExit("use --model lstm or transformer with --data ptb, and only then")
+    if args.model == "resnet9" and args.data != "cifar10":
+        raise SystemExit("--model resnet9 takes CIFAR-10's 3 x 32 x 32 images (--data cifar10); "
+                         "small-resnet and resnet18 take any images")
     if language:
         if args.data_dir is None:
             raise SystemExit("--data ptb needs --data-dir with train.txt and test.txt")
@@ -407,10 +411,13 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
     schedule = build_schedule(args, optimizer)  # from --lr, before a checkpoint's lr is loaded
     done = 0
     if args.resume:
-        done = int(checkpoint.load(args.resume, model, optimizer).get("epochs", 0))
+        state = checkpoint.load(args.resume, model, optimizer)
+        done = int(state.get("epochs", 0))
         if done >= args.epochs:
             print(f"{args.resume} already holds {done} epochs (--epochs {args.epochs}): "
                   f"nothing to train", file=stream)
+        if schedule and "base_lr" in state:  # the first run's --lr wins over this one's
+            schedule.base_lr = float(state["base_lr"])
         for _ in range(done if schedule else 0):  # the lr the uninterrupted run would have
             schedule.step()
     history = []
@@ -431,7 +438,10 @@ def main(argv=None, stream: TextIO | None = None) -> list[dict[str, float]]:
         if args.log:
             write_metrics(logged + history, args.log)
         if args.save:
-            checkpoint.save(args.save, model, optimizer, train={"epochs": np.int64(n)})
+            progress = {"epochs": np.int64(n)}
+            if schedule:  # the optimizer's lr is the scheduled one: a resume needs the base
+                progress["base_lr"] = np.float64(schedule.base_lr)
+            checkpoint.save(args.save, model, optimizer, train=progress)
     if args.plot and history:
         plot_metrics(logged + history, args.plot)
     return history
