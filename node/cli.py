@@ -233,10 +233,11 @@ def _address(text: str) -> str:
 
 def _check_writable(path: Path, force: bool) -> None:
     """Refuse an output file that cannot be written, or that exists (unless `force`), before
-    any fee is spent on its result."""
+    any fee is spent on its result. A link to nothing exists too: the result's rename would
+    find the name taken, after the fee."""
     if path.is_dir():
         _fail(f"output {path} is a directory, not a file")
-    if path.exists() and not force:
+    if os.path.lexists(path) and not force:
         _fail(f"output {path} exists; pass --force to overwrite it")
     if not path.parent.is_dir():
         _fail(f"output {path}: directory {path.parent} does not exist")
@@ -720,9 +721,15 @@ def send(
                   f"(tx {tx_hash.to_0x_hex()})")
 
 
+PRECOMPILE_RANGE = 0x100  # Prague's precompiles (0x01-0x11) and the Freivalds check (0xf1)
+
+
 def _require_account(client: ChainClient, to: str) -> None:
     """Refuse a recipient that holds code: a transfer's 21,000 gas runs none of it, so the
     transfer reverts, spending its gas (before, `send` said "sent" all the same)."""
+    if int(to, 16) < PRECOMPILE_RANGE:
+        _fail(f"{to} is no one's account (the zero address and the chain's precompiles lie "
+              f"below {PRECOMPILE_RANGE:#x}): ETH sent there is lost, or the transfer fails")
     if client.w3.eth.get_code(to):
         market = " (the market: `needle-net stake` deposits a stake)" \
             if to == client.market.address else ""

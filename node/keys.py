@@ -133,6 +133,9 @@ def load_keystore(path: Path, password: str) -> LocalAccount:
     except (KeyError, TypeError) as err:
         raise KeystoreError(f"{path} is not an encrypted keystore (Web3 secret storage v3): "
                             f"missing or malformed {err}") from err
+    except OverflowError as err:  # hashlib's answer to an iteration count or key length
+        raise KeystoreError(f"cannot decrypt keystore {path}: its key derivation parameters "
+                            f"are out of range ({err})") from err
     except ValueError as err:
         raise KeystoreError(
             f"cannot decrypt keystore {path}: wrong password or corrupt file"
