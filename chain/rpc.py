@@ -853,6 +853,10 @@ class Rpc:
         if criteria.get("blockHash") is not None:
             header = self.header_at({"blockHash": criteria["blockHash"]})
             return header.block_number, header.block_number
+        for end in ("fromBlock", "toBlock"):  # geth's code and words for it (not "not found")
+            if self._block_ahead(criteria.get(end)) is not None:
+                raise invalid_params(f"block range extends beyond current head block "
+                                     f"{self.node.head().block_number}")
         first = self.header_at(criteria.get("fromBlock", "latest")).block_number
         last = self.header_at(criteria.get("toBlock", "latest")).block_number
         if first > last:
@@ -1187,20 +1191,24 @@ class Rpc:
         return self._matching_logs(*matched, *self._log_range(log_filter))
 
     def rpc_eth__newFilter(self, log_filter):
+        """A log filter, as geth's: its polls return the logs of blocks sealed after it was
+        installed (from its start, if that is ahead), and eth_getFilterLogs its whole range:
+        web3's get_all_entries then get_new_entries see each log once."""
         matched = parse_log_filter(log_filter)
         last = self._filter_end(log_filter.get("toBlock"))
+        head = self.node.head().block_number
         first = self._block_ahead(log_filter.get("fromBlock"))
         follows_head = first is None and \
             log_filter.get("fromBlock") in (None, "latest", "pending")
         if follows_head:
-            first = self.node.head().block_number + 1  # only logs of blocks still to come
-        elif first is None:
-            first, _ = self._log_range({**log_filter, "toBlock": "latest"})
+            first = head + 1
+        elif first is None:  # a block at or below the head (a number, tag or hash): it exists
+            first = self.header_at(log_filter["fromBlock"]).block_number
         if last is not None and first > last and not follows_head:
             raise invalid_params(f"fromBlock {first} is after toBlock {last}")
         fid = new_filter_id()
         self._install(fid, {"kind": "logs", "criteria": log_filter, "matched": matched,
-                            "next": first, "last": last})
+                            "next": max(first, head + 1), "last": last})
         return fid
 
     def _block_ahead(self, tag) -> int | None:
@@ -1282,9 +1290,12 @@ class Rpc:
         f = self.filters.get(filter_id)
         if f is None or f["kind"] != "logs":
             raise RpcError(-32000, f"filter {filter_id} not found")
-        if self._block_ahead(f["criteria"].get("fromBlock")) is not None:
+        criteria = f["criteria"]
+        if self._block_ahead(criteria.get("fromBlock")) is not None:
             return []  # none of its blocks is sealed yet
-        return self.rpc_eth__getLogs(f["criteria"])
+        if self._block_ahead(criteria.get("toBlock")) is not None:  # the sealed part of it
+            criteria = {**criteria, "toBlock": "latest"}
+        return self.rpc_eth__getLogs(criteria)
 
     def rpc_eth__uninstallFilter(self, filter_id):
         return self.filters.pop(filter_id, None) is not None
