@@ -113,9 +113,10 @@ class DataParallel(Module):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
         params = module.parameters()
-        self._check_same_architecture(params)
         # rounded up: a tiny positive size (one bucket per parameter) must not become 0 bytes
-        self._buckets = plan_buckets(params, math.ceil(bucket_mb * 2**20))
+        bucket_bytes = math.ceil(bucket_mb * 2**20)
+        self._check_same_layout(params, bucket_bytes, overlap)
+        self._buckets = plan_buckets(params, bucket_bytes)
         # A bucket's buffer: its gradients, then a tail summed by the same allreduce: per
         # parameter 1 if this rank had a gradient for it (the sum counts the ranks that had
         # one), then this rank's local_fraction (the sum must be 1; bucket 0's is checked).
@@ -338,13 +339,19 @@ class DataParallel(Module):
             "(indices into parameters()); gradients and weights left unchanged"
         )
 
-    def _check_same_architecture(self, params: list[Parameter]) -> None:
-        """Fail on every rank, naming the difference, if the replicas' parameters differ."""
-        mine = [tuple(p.shape) for p in params]
+    def _check_same_layout(self, params: list[Parameter], bucket_bytes: int,
+                           overlap: bool) -> None:
+        """Fail on every rank, naming the difference, if the replicas differ in what shapes
+        their collectives: the parameters, the gradient buckets, the batch norms' statistics,
+        the order of the allreduces. Collectives that do not match are undefined in MPI: a
+        false error or a timeout steps later, not this."""
+        mine = {"parameters": [tuple(p.shape) for p in params], "bucket bytes": bucket_bytes,
+                "overlap": overlap, "BatchNorm channels": [m.dim for m in self._norms]}
         everyone = self.comm.allgather_objects(mine)
         for rank, theirs in enumerate(everyone):
-            if theirs != everyone[0]:
-                raise ValueError(
-                    f"rank {rank} has parameters {theirs} but rank 0 has {everyone[0]}; "
-                    "every rank must build the same model"
-                )
+            for what, value in theirs.items():
+                if value != everyone[0][what]:
+                    raise ValueError(
+                        f"rank {rank} has {what} {value} but rank 0 has {everyone[0][what]}; "
+                        "every rank must build the same model with the same DataParallel "
+                        "options")

@@ -2,10 +2,11 @@
 
     python -m needle.parallel.launch -n 2 train.py [script args...]
 
-is `mpiexec -n 2 <this python> -m mpi4py train.py ...`, with the launcher found next
-to the running interpreter (the `mpich` wheel installs it there) or on PATH, in the
-environment `launch_env` gives. `-m mpi4py` aborts the whole job when a rank dies of an
-exception or a non-zero exit: without it the other ranks wait in their next collective forever.
+is `mpiexec -n 2 <this python> -m needle.parallel.rank train.py ...`, with the launcher
+found next to the running interpreter (the `mpich` wheel installs it there) or on PATH, in
+the environment `launch_env` gives. `needle.parallel.rank` aborts the whole job when a rank
+dies of an exception or a non-zero exit, before its first Communicator too: without it the
+other ranks wait in their next collective, or in MPI's start-up, forever.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def launch_command(nprocs: int, script: str, args: list[str]) -> list[str]:
     launcher = find_launcher()
     if launcher is None:
         raise FileNotFoundError("no MPI launcher (mpiexec/mpirun) next to python or on PATH")
-    return [launcher, "-n", str(nprocs), sys.executable, "-m", "mpi4py", script, *args]
+    return [launcher, "-n", str(nprocs), sys.executable, "-m", "needle.parallel.rank", script,
+            *args]
 
 
 # What Open MPI's singleton (MPI initialised in a process not started by mpiexec) puts in its
