@@ -5,7 +5,6 @@ FastAPI's HTML docs pages are off (they load their scripts from a CDN)."""
 from __future__ import annotations
 
 import ipaddress
-import re
 import secrets
 import socket
 import threading
@@ -19,6 +18,7 @@ from web3.exceptions import Web3RPCError
 
 from node.market import TxReverted, is_transient, node_refusal
 from node.metrics import NodeMetrics
+from node.redact import redacted
 
 DASHBOARD = Path(__file__).with_name("dashboard.html")
 T = TypeVar("T")
@@ -30,10 +30,6 @@ CHAIN_READERS = 4
 # on every answer: no page of this API may be framed by another site, nor an answer read as
 # another type than it says (a JSON error echoing a request as HTML)
 SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"}
-# a URL in an error's text: its userinfo (`user:pass@`) and what follows host and port (a
-# path token such as Infura's /v3/<key>, a query's ?apikey=) may be credentials
-URL = re.compile(r"(?P<origin>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)?"
-                 r"(?P<host>[^\s/?#'\"<>@]*)(?P<rest>[/?#][^\s'\"<>]*)?", re.IGNORECASE)
 
 
 def _host_name(host_header: str) -> str:
@@ -80,16 +76,6 @@ def _names_this_machine(server: tuple | None, host_header: str | None,
     name = _host_name(host_header)
     return ("." not in name or name.endswith(".localhost") or _is_ip(name)
             or name == socket.gethostname().lower() or name in allowed)
-
-
-def _redacted(text: str) -> str:
-    """`text` with each URL's userinfo and path, query and fragment as `***`: an error
-    naming the RPC URL it failed on must not show that URL's credentials."""
-    def redact(url: re.Match) -> str:
-        rest = url["rest"] or ""
-        return (url["origin"] + ("***@" if url["userinfo"] else "") + url["host"]
-                + (rest if rest in ("", "/") else rest[0] + "***"))
-    return URL.sub(redact, text)
 
 
 def _on_chain(action: Callable[[], T]) -> T:
@@ -171,7 +157,7 @@ def create_app(node: NodeView, admin_token: str | None,
     @app.get("/jobs")
     def jobs() -> list[dict]:
         """The node's jobs, their `detail` (an error's text) without URL credentials."""
-        return [{**job, "detail": _redacted(job["detail"])} if job.get("detail") else job
+        return [{**job, "detail": redacted(job["detail"])} if job.get("detail") else job
                 for job in node.job_list()]
 
     @app.get("/blocks")

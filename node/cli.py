@@ -393,6 +393,7 @@ def worker_up(
 
     Example: [bold]NEEDLE_NET_PASSWORD=... needle-net worker up --api-port 8600[/bold]
     """
+    from node.redact import redacted
     from node.worker import Worker, WorkerConfig, admin_token
 
     stake_wei, min_fee_wei = _wei(stake, "--stake"), _wei(min_fee, "--min-fee", allow_zero=True)
@@ -424,7 +425,8 @@ def worker_up(
         _fail(str(err))
     signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())
     signal.signal(signal.SIGINT, lambda *_: worker.request_stop())
-    console.print(f"worker {account.address} on {rpc_url}, API http://{api_host}:{api_port}")
+    console.print(f"worker {account.address} on {redacted(rpc_url)}, API "
+                  f"http://{api_host}:{api_port}")
     worker.run()
 
 

@@ -60,6 +60,7 @@ from node.market import (
     is_transient,
 )
 from node.metrics import NodeMetrics
+from node.redact import redacted
 
 log = logging.getLogger("needle.worker")
 
@@ -272,6 +273,20 @@ def _line(record: JobRecord) -> str:
     return json.dumps(vars(record), separators=(",", ":")) + "\n"
 
 
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append all of data to the file, or none of it: a write the disk cut short is cut
+    off again, so the records retried at the next save are not there twice."""
+    with path.open("ab", buffering=0) as f:
+        size = f.seek(0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view):]
+        except OSError:
+            f.truncate(size)
+            raise
+
+
 class Worker:
     def __init__(self, config: WorkerConfig, account: LocalAccount) -> None:
         test_fixture = config.corrupt_results or config.stall_after_claim > 0
@@ -322,6 +337,7 @@ class Worker:
                 # /status does)
                 self.metrics.earned.set(self._earned_wei())
             self._saved_block = self._next_block
+            self._save_failing = False  # the last save failed (logged once until one works)
             self._api_server = None
             self._withdrawing = False
             # the chain has shown this stake's withdrawal requested (here or elsewhere): its
@@ -413,18 +429,34 @@ class Worker:
     def _save_state(self) -> None:
         """Append the jobs finished since the last save to the journal, then rewrite the
         state file with the jobs in flight: a save costs what changed, not every job this
-        node ever did (rewriting them all made each job's saves grow with the history)."""
+        node ever did (rewriting them all made each job's saves grow with the history).
+
+        A save that fails (a full disk, a dir made read-only) is logged and made again at
+        the next change: the jobs go on in memory, and the chain holds their claims, which a
+        restart resumes. The failure ended a claimed job instead, whose missed deadline then
+        cut the stake, and stopped the stake and balance refresh for good."""
         with self._lock:
-            self._state_path.parent.mkdir(parents=True, exist_ok=True)
-            if self._unjournaled:
-                with self._journal_path.open("a") as journal:
-                    journal.writelines(map(_line, self._unjournaled))
-                self._unjournaled = []
-            data = {"next_block": self._next_block,
-                    "jobs": [vars(j) for j in self.jobs if j.stage not in FINISHED],
-                    "waiting": list(self._candidates), "block_one": self._block_one}
+            try:
+                self._state_path.parent.mkdir(parents=True, exist_ok=True)
+                if self._unjournaled:
+                    _append_whole(self._journal_path,
+                                  "".join(map(_line, self._unjournaled)).encode())
+                    self._unjournaled = []
+                data = {"next_block": self._next_block,
+                        "jobs": [vars(j) for j in self.jobs if j.stage not in FINISHED],
+                        "waiting": list(self._candidates), "block_one": self._block_one}
+                self._write(self._state_path, json.dumps(data, separators=(",", ":")))
+            except OSError as err:
+                if not self._save_failing:
+                    log.warning("cannot save the worker's state in %s (%s): going on in "
+                                "memory, saving again at each change", self._state_path.parent,
+                                err)
+                self._save_failing = True
+                return
             self._saved_block = self._next_block
-            self._write(self._state_path, json.dumps(data, separators=(",", ":")))
+            if self._save_failing:
+                log.info("the worker's state is saved again in %s", self._state_path.parent)
+            self._save_failing = False
 
     @staticmethod
     def _write(path: Path, text: str) -> None:
@@ -650,14 +682,14 @@ class Worker:
                 return Market(url, self.account)
             except (httpx.HTTPError, ValueError, KeyError) as err:
                 if not is_transient(err):
-                    raise WorkerStartError(f"{url} is not a needle-net chain node: {err}") \
-                        from err
+                    raise WorkerStartError(redacted(
+                        f"{url} is not a needle-net chain node: {err}")) from err
                 if time.monotonic() + delay > deadline:
-                    raise WorkerStartError(
+                    raise WorkerStartError(redacted(
                         f"no chain node answers at {url} (retried for "
-                        f"{self.config.connect_timeout:g}s): {err}") from err
-                log.warning("no chain node answers at %s (%s); retrying in %.1fs", url, err,
-                            delay)
+                        f"{self.config.connect_timeout:g}s): {err}")) from err
+                log.warning("no chain node answers at %s (%s); retrying in %.1fs",
+                            redacted(url), redacted(str(err)), delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
