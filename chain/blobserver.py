@@ -422,6 +422,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.reading_head, self.head_bytes, self.head_timer = True, 0, None
+        self.head_tail = b""  # the last bytes of the head so far: its end may straddle reads
         if (refusal := self._over_limit()) is not None:
             self._refuse_head(503, refusal)
             return
@@ -440,14 +441,21 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         return f"over {per_address} connections from {address}" if same > per_address else None
 
     def data_received(self, data: bytes) -> None:
+        """The head is measured before the parser sees it: a whole head in one read was
+        parsed and its request served before a count after parsing could refuse it."""
         if self.reading_head:
-            self.head_bytes += len(data)
             if self.head_timer is None:  # the first byte of a keep-alive request
                 self.head_timer = self.loop.call_later(HEAD_TIMEOUT, self._head_too_slow)
+            seen = self.head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            head = self.head_bytes + (len(data) if end < 0 else end + 4 - len(self.head_tail))
+            if head > UVICORN_HEAD_LIMIT:
+                self._refuse_head(431, f"request line and headers over {UVICORN_HEAD_LIMIT} "
+                                       "bytes")
+                return
+            self.head_bytes += len(data)
+            self.head_tail = seen[-3:]
         super().data_received(data)
-        if self.reading_head and self.head_bytes > UVICORN_HEAD_LIMIT \
-                and not self.transport.is_closing():
-            self._refuse_head(431, f"request line and headers over {UVICORN_HEAD_LIMIT} bytes")
 
     def on_headers_complete(self) -> None:
         self.reading_head = False
@@ -456,7 +464,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self.reading_head, self.head_bytes = True, 0  # the next request's, if any
+        self.reading_head, self.head_bytes, self.head_tail = True, 0, b""  # the next request's
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()

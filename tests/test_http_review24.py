@@ -76,6 +76,20 @@ def test_an_endless_header_is_refused_within_a_bounded_size(app):
             assert other.makefile("rb").readline().split()[1] == b"200"
 
 
+@pytest.mark.parametrize("pieces", [1, 3], ids=["one read", "three reads"])
+def test_a_head_over_the_limit_sent_at_once_is_refused(app, pieces):
+    """A whole head over the limit in one read was parsed and served (200) before the
+    count could refuse it: only heads that outgrew a read were."""
+    with serving(app) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        head = (b"GET /openapi.json HTTP/1.1\r\nHost: x\r\nX-Big: "
+                + b"a" * (UVICORN_HEAD_LIMIT + 100) + b"\r\n\r\n")
+        cut = len(head) // pieces
+        for i in range(pieces):
+            sock.sendall(head[i * cut: None if i == pieces - 1 else (i + 1) * cut])
+        reply = closed_by_server(sock)
+        assert reply is not None and reply.startswith(b"HTTP/1.1 431 "), reply
+
+
 def test_a_head_at_the_limit_is_served(app):
     with serving(app) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         filler = b"X-Filler: " + b"a" * (UVICORN_HEAD_LIMIT - 200) + b"\r\n"
