@@ -180,6 +180,7 @@ class _Pending:
     early: tuple[bytes, np.ndarray | RemoteJobError] | None = None
     result: np.ndarray | None = None
     nudge_refused: str = ""  # why the node refused this client's latest finalize or reopen
+    reopened: int = 0  # claims or commits of it that ended unfinished (JobReopened)
 
 
 def default_key():
@@ -507,6 +508,7 @@ class JobClient:
             _enter(p, "committed")
         elif name == "JobReopened":
             p.early = None
+            p.reopened += 1
             _enter(p, "submitted")
         elif name == "JobCancelled":
             if p.stage == "submitted":  # only its submitter can cancel an open job
@@ -629,6 +631,9 @@ def _unclaimed_hint(p: _Pending, timeout_blocks: int) -> str:
     to commit (a claim that expires costs them 10 % of their stake)."""
     if p.stage != "submitted":
         return ""
+    if p.reopened:  # "no worker moved it on" read as if none had ever taken it
+        return (f" since it was reopened: taken {p.reopened} time(s), by workers that missed "
+                "their deadline or whose result failed the check")
     if may_overflow(p.a, p.b, p.precision == "exact"):
         return ("; its product may overflow float32 (k max|A| max|B| is at least half the "
                 "largest float32), and workers skip a product that does: scale A or B down")
