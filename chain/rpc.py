@@ -715,7 +715,12 @@ class Rpc:
             raise invalid_params("call must be an object")
         sender = parse_address(call["from"], "from") if call.get("from") else b"\x00" * 20
         to = parse_address(call["to"], "to") if call.get("to") else b""
-        data = parse_data(call.get("data", call.get("input", "0x")), "data")
+        given = {name: parse_data(call[name], name) for name in ("input", "data")
+                 if call.get(name) is not None}
+        if len(set(given.values())) > 1:  # geth's rule: which one ran went unsaid
+            raise invalid_params('both "data" and "input" are set and not equal; use "input" '
+                                 "to pass the call data")
+        data = given.get("input", given.get("data", b""))
         gas = parse_quantity(call["gas"], "gas") if call.get("gas") else gas_cap
         value = parse_quantity(call.get("value", "0x0"), "value")
         if value > state.get_balance(sender):  # geth's words, which web3 reports as such

@@ -12,5 +12,5 @@ fi
 # the CPU: 8.4 minutes against 14.8 in one), each test file whole in one of them (a module's
 # fixtures start its chain node once). NEEDLE_TEST_WORKERS=0 runs everything in this process.
 WORKERS="${NEEDLE_TEST_WORKERS:-2}"
-echo "== running the test suite ($WORKERS worker processes)"
+echo "== running the test suite (pytest -n $WORKERS; NEEDLE_TEST_WORKERS=0: in one process)"
 exec "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadfile "$@"

@@ -2,7 +2,8 @@
 poll returns only the logs of blocks sealed since the filter was installed (the first poll
 returned all the past's, so web3's get_all_entries then get_new_entries saw every old log
 twice), eth_getFilterLogs returns the whole range, the sealed part of a range that runs past
-the head included, and eth_getLogs refuses a range past the head with geth's -32602."""
+the head included, and eth_getLogs refuses a range past the head with geth's -32602. Also
+eth_call given both `data` and `input`, unequal: refused, as geth does."""
 import pytest
 from eth_hash.auto import keccak
 from test_rpc_review23 import deploy, mine, rpc
@@ -56,3 +57,18 @@ def test_a_range_past_the_head_is_refused_by_get_logs_and_cut_to_the_head_by_a_f
     assert len(sealed) >= 1 and rpc(node, "eth_getFilterLogs", fid)["result"] == sealed
     new = mine(node, account, to=address)["logs"]
     assert rpc(node, "eth_getFilterChanges", fid)["result"] == new
+
+
+def test_a_call_with_unequal_data_and_input_is_refused(node, emitter):
+    """Both fields, unequal: `data` ran and `input` was ignored without a word; geth refuses
+    them (and takes `input` where only it is given, or both are equal)."""
+    account = emitter[0]
+    size = deploy(node, account, bytes.fromhex("365f5260205ff3"))  # returns CALLDATASIZE
+    for fields, answer in [({"input": "0x1234"}, 2), ({"data": "0x123456"}, 3),
+                           ({"input": "0xaa", "data": "0xaa"}, 1), ({"input": "0x"}, 0)]:
+        reply = rpc(node, "eth_call", {"to": size, **fields}, "latest")
+        assert int(reply["result"], 16) == answer, (fields, reply)
+    refused = rpc(node, "eth_call", {"to": size, "input": "0x12", "data": "0x1234"}, "latest")
+    assert refused["error"] == {"code": -32602, "message": 'invalid params: both "data" and '
+                                "\"input\" are set and not equal; use \"input\" to pass the call "
+                                "data"}, refused
