@@ -377,13 +377,13 @@ class Market:
         the fee refunded) where the cancelled job still names it, which a job its submitter
         cancelled (open, so no one's) does not."""
         events = self.contract.events
-        flt = {"jobId": job_id, "worker": worker}
-        passed = events.JobVerified.get_logs(argument_filters=flt, from_block=from_block)
-        failed = events.JobFailed.get_logs(argument_filters=flt, from_block=from_block)
         cancelled = events.JobCancelled.get_logs(argument_filters={"jobId": job_id},
                                                  from_block=from_block)
         if cancelled and self.job(job_id).worker == worker:
             return Verdict(False, cancelled=True)  # final: nothing follows a cancel
+        flt = {"jobId": job_id, "worker": worker}
+        passed = events.JobVerified.get_logs(argument_filters=flt, from_block=from_block)
+        failed = events.JobFailed.get_logs(argument_filters=flt, from_block=from_block)
         latest = max([*passed, *failed], key=lambda e: (e["blockNumber"], e["logIndex"]),
                      default=None)
         if latest is None:

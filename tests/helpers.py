@@ -1,6 +1,6 @@
 """Test helpers shared by several test files: float32 tensors and finite differences for the
 framework tests, a node serving blobs for the blob tests, chain clients for the dev accounts,
-a bounded wait, exact-mode references in Python integers."""
+a bounded wait, exact-mode references in Python integers, a plain HTTP server."""
 import threading
 import time
 from collections.abc import Iterator
@@ -63,6 +63,23 @@ def dev_clients(url: str, count: int, **options) -> Iterator[list]:
     finally:
         for client in made:
             client.close()
+
+
+@contextmanager
+def http_server(handler) -> Iterator:
+    """A ThreadingHTTPServer of `handler` (a request handler class or factory) on a free port
+    of 127.0.0.1, serving on a thread until the block ends; yields the server."""
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import uvicorn
-from helpers import FlakyProxy, blob_node
+from helpers import FlakyProxy, blob_node, http_server
 
 from chain.blobhttp import BlobApp, BlobClient
 from chain.blobs import BlobStore, blob_id, encode_array
@@ -192,12 +192,8 @@ def test_a_plain_http_server_on_the_advertised_port(node, tmp_path):
     """Something else answers HTTP at the advertised port (not this node's listener): the
     client checks it once (a HEAD), sends it no blob and uses the main port. Before, the
     upload went to the decoy, which refused it (501), and the submit failed."""
-    decoy = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), lambda *a: DecoyHandler(*a, directory=str(tmp_path)))
-    decoy.methods = Counter()
-    serving = threading.Thread(target=decoy.serve_forever, daemon=True)
-    serving.start()
-    try:
+    with http_server(lambda *a: DecoyHandler(*a, directory=str(tmp_path))) as decoy:
+        decoy.methods = Counter()
         client = BlobClient(f"http://127.0.0.1:{decoy.server_port}/blobs", LIMIT_MB << 20,
                             TIMEOUT, fallback_url=f"{node.url}/blobs")
         ids = bounded(lambda: round_trip(client, 3))
@@ -205,9 +201,6 @@ def test_a_plain_http_server_on_the_advertised_port(node, tmp_path):
         client.close()
         assert decoy.methods == {"HEAD": 1}
         assert {id_.hex() for id_ in ids} <= stored(node.data_dir / "blobs")
-    finally:
-        decoy.shutdown()
-        decoy.server_close()
 
 
 def test_another_nodes_blob_store_behind_the_advertised_address(node, tmp_path):

@@ -5,11 +5,10 @@ to a precompile's address was spent or lost; Network() at a web server that is n
 node raised httpx's error. Real chain node process and HTTP servers on 127.0.0.1."""
 import http.server
 import json
-import threading
 
 import numpy as np
 import pytest
-from helpers import keystore_options, one_error_line, run_cli
+from helpers import http_server, keystore_options, one_error_line, run_cli
 
 from chain.devnet import dev_account
 from chain.launch import NodeProcess
@@ -105,16 +104,8 @@ class _Answers(http.server.BaseHTTPRequestHandler):
 @pytest.mark.parametrize("path,answer", [
     ("/missing", "HTTP 404"), ("/page", "no JSON"), ("/json", "without 'chain_id'")])
 def test_network_at_a_server_that_is_not_a_chain_node_says_so(path, answer):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}{path}"
-    try:
+    with http_server(_Answers) as server:
+        url = f"http://127.0.0.1:{server.server_port}{path}"
         with pytest.raises(ConnectionError) as raised:
             Network(url)
-        assert str(raised.value) == \
-            f"{url} is not a needle-net chain node: its /info answered {answer}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    assert str(raised.value) == f"{url} is not a needle-net chain node: its /info answered {answer}"

@@ -6,10 +6,10 @@ import http.server
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
+from helpers import http_server
 
 from chain.devnet import dev_account
 from chain.launch import NodeProcess, free_port
@@ -64,17 +64,10 @@ class _NotANode(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_start_error_leaves_the_credentials_out(tmp_path):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotANode)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    host = f"127.0.0.1:{server.server_address[1]}"
-    try:
+    with http_server(_NotANode) as server:
+        host = f"127.0.0.1:{server.server_port}"
         worker = _worker_up(tmp_path, f"http://user:hunter2@{host}/v3/SECRETKEY")
         output, _ = worker.communicate(timeout=60)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
     assert worker.returncode == 1, output
     assert f"error: http://***@{host}/*** is not a needle-net chain node" in output, output
     assert not any(secret in output for secret in SECRETS), output
