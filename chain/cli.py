@@ -216,18 +216,17 @@ def info(
     """Print a running node's /info (chain id, contract address, blob URL...)."""
     import httpx
 
-    url = f"{rpc_url.rstrip('/')}/info"
+    from chain.client import NotAChainNode, node_info
+
+    url = rpc_url.rstrip("/")
     try:
-        data = httpx.get(url, timeout=10).raise_for_status().json()
-    except httpx.HTTPStatusError as exc:
-        _fail(f"{url} answered HTTP {exc.response.status_code}: not a needle-net chain node?")
+        with httpx.Client(timeout=10) as http:
+            data = node_info(http, url)
+    except NotAChainNode as exc:
+        _fail(str(exc))
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
         _fail(f"not a chain node URL: {exc}")
     except httpx.HTTPError as exc:
-        _fail(f"cannot reach the chain node at {url}: {exc}")
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or "chain_id" not in data:
-        _fail(f"{url} did not answer a chain node's info: not a needle-net chain node?")
+        _fail(f"cannot reach the chain node at {url}/info: {exc}")
     data.pop("abi", None)
     typer.echo(json.dumps(data, indent=2))

@@ -85,6 +85,31 @@ def log_spans(first: int, last: int) -> Iterator[tuple[int, int]]:
         yield start, min(last, start + MAX_LOG_BLOCKS - 1)
 
 
+class NotAChainNode(ValueError):
+    """A URL that answers, but not as a needle-net chain node: unlike a node that is down,
+    not worth retrying."""
+
+
+NODE_INFO_FIELDS = ("chain_id", "contract", "abi")
+
+
+def node_info(http: httpx.Client, url: str) -> dict:
+    """The node's /info, or NotAChainNode naming what answered instead (a web page, a 404,
+    another service's JSON)."""
+    try:
+        info = http.get(f"{url}/info").raise_for_status().json()
+    except httpx.HTTPStatusError as err:
+        answer = f"HTTP {err.response.status_code}"
+    except ValueError:  # not JSON, or not text
+        answer = "no JSON"
+    else:
+        missing = [f for f in NODE_INFO_FIELDS if not isinstance(info, dict) or f not in info]
+        if not missing:
+            return info
+        answer = f"without {missing[0]!r}"
+    raise NotAChainNode(f"{url} is not a needle-net chain node: its /info answered {answer}")
+
+
 class ChainClient:
     """Talk to one chain node: JSON-RPC at ``rpc_url``, blobs at ``rpc_url/blobs``."""
 
@@ -92,7 +117,7 @@ class ChainClient:
                  timeout: float = 60.0, max_blob_bytes: int | None = None) -> None:
         self.url = rpc_url.rstrip("/")
         self.http = httpx.Client(timeout=timeout)
-        self.info = self.http.get(f"{self.url}/info").raise_for_status().json()
+        self.info = node_info(self.http, self.url)
         self.w3 = Web3(KeepAliveProvider(self.url, timeout))
         self.chain_id = int(self.info["chain_id"])
         self.market = self.w3.eth.contract(

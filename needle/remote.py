@@ -15,7 +15,6 @@ only when a `Network` is created, so needle core stays independent of them.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import threading
@@ -182,8 +181,7 @@ class Network:
         local_check: bool = True,
         progress: bool = False,
     ) -> None:
-        import httpx
-
+        from chain.client import NotAChainNode
         from node.client import JobClient
         from node.market import is_transient
 
@@ -194,12 +192,8 @@ class Network:
                 rpc_url, key, fee_wei=fee_wei, timeout=timeout, local_check=local_check,
                 progress=progress,
             )
-        except (httpx.HTTPStatusError, json.JSONDecodeError, KeyError) as err:
-            # some other server's answer to the node's /info: a web page, a 404
-            answer = (f"HTTP {err.response.status_code}" if isinstance(err, httpx.HTTPStatusError)
-                      else "no JSON" if isinstance(err, ValueError) else f"without {err}")
-            raise ConnectionError(f"{rpc_url} is not a needle-net chain node: its /info answered "
-                                  f"{answer}") from err
+        except NotAChainNode as err:  # a web page, a 404, another service's JSON
+            raise ConnectionError(str(err)) from err
         except Exception as err:
             if not is_transient(err):
                 raise

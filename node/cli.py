@@ -94,10 +94,11 @@ def _user_error(err: Exception) -> str | None:
     import httpx
     from web3.exceptions import Web3RPCError
 
+    from chain.client import NotAChainNode
     from node.devnet import DevnetError
     from node.market import TxReverted, is_transient, node_refusal
 
-    if isinstance(err, keys.KeystoreError | DevnetError):
+    if isinstance(err, keys.KeystoreError | DevnetError | NotAChainNode):
         return str(err)
     if isinstance(err, TxReverted):
         return _revert_reason(err)

@@ -32,7 +32,7 @@ from eth_utils import keccak
 from web3.exceptions import Web3RPCError
 
 from chain.blobserver import BoundedHttpProtocol, listen
-from chain.client import nonce_taken
+from chain.client import NotAChainNode, nonce_taken
 from chain.dirlock import DirUnusable, claim_data_dir
 from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
@@ -680,6 +680,8 @@ class Worker:
         while True:
             try:
                 return Market(url, self.account)
+            except NotAChainNode as err:
+                raise WorkerStartError(redacted(str(err))) from err
             except (httpx.HTTPError, ValueError, KeyError) as err:
                 if not is_transient(err):
                     raise WorkerStartError(redacted(

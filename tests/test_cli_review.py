@@ -86,7 +86,9 @@ def test_chain_info_answers_one_line_for_what_is_not_a_chain_node(node):
     for url, message in [
         (f"http://127.0.0.1:{free_port()}", "error: cannot reach the chain node at "),
         ("notaurl", "error: not a chain node URL"),
-        (f"http://127.0.0.1:{blob_listener.port}", "not a needle-net chain node?"),
+        (f"http://127.0.0.1:{blob_listener.port}",
+         f"http://127.0.0.1:{blob_listener.port} is not a needle-net chain node: its /info "
+         "answered HTTP 404"),
     ]:
         result = _chain("info", "--url", url)
         lines = result.stderr.splitlines()
