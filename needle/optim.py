@@ -4,6 +4,7 @@ Updates run on the parameters' NDArrays directly: no autograd graph, no Tensor o
 per step, which keeps the per-parameter cost to a few backend calls.
 """
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -293,7 +294,8 @@ class MultiStepLR:
     """lr = base_lr * gamma ** (milestones reached), a milestone being a count of step()
     calls: the same schedule whether or not the steps divide evenly."""
 
-    def __init__(self, optimizer: Optimizer, milestones: list[int], gamma: float = 0.1):
+    def __init__(self, optimizer: Optimizer, milestones: Iterable[int], gamma: float = 0.1):
+        milestones = list(milestones)  # an iterator would be spent by the checks below
         for milestone in milestones:
             _check_steps("a milestone", milestone)
         check_number("gamma", gamma, 0.0)

@@ -38,7 +38,7 @@ class Dataset:
     def batch(self, indices: np.ndarray) -> tuple[np.ndarray, ...]:
         """The examples at indices, stacked field by field."""
         examples = [self[int(i)] for i in indices]
-        if not isinstance(examples[0], tuple):
+        if not isinstance(examples[0], tuple | list):  # a list [x, y] is fields too
             examples = [(e,) for e in examples]
         return tuple(np.stack(field) for field in zip(*examples, strict=True))
 
