@@ -499,11 +499,12 @@ class BlobWriter:
 
     def persist(self) -> None:
         """fdatasync the checked blob and rename it into place (dropped if the store has it:
-        content-addressed, the same bytes are already there). Blocks on the disk: a batch
-        runs these on several threads, so the filesystem joins their flushes."""
+        content-addressed, the same bytes are already there, unless the stored file has lost
+        some of them, which this upload then repairs). Blocks on the disk: a batch runs these
+        on several threads, so the filesystem joins their flushes."""
         try:
             target = self.store.path(self.id)
-            if target.exists():
+            if target.exists() and target.stat().st_size == self.size:
                 self.abort()
                 return
             if self.allocated > self.size:  # declared more than came: the file is the blob

@@ -75,10 +75,10 @@ def up(
                                max_blob_bytes=max_blob_mb * 2**20,
                                blob_reserve_bytes=None if blob_reserve_mb is None
                                else blob_reserve_mb << 20))
-    except DataDirError as exc:
+    except (DataDirError, OSError) as exc:  # OSError: a file where a folder should be, ...
         rpc_listener.close()
         blob_listener.close()
-        _fail(str(exc))
+        _fail(str(exc) if isinstance(exc, DataDirError) else f"data dir {data_dir}: {exc}")
     typer.echo(f"chain id {CHAIN_ID}, head #{node.head().block_number}, data dir {data_dir}")
     typer.echo(f"market contract {to_checksum_address(MARKET_ADDRESS)}")
     from chain.devnet import dev_accounts

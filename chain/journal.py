@@ -10,6 +10,7 @@ is skipped.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
@@ -45,10 +46,19 @@ class PendingJournal:
         return raws
 
     def append(self, raw: bytes) -> None:
-        """One record in one write, before the transaction's hash is answered."""
+        """One record in one write, before the transaction's hash is answered. A write the
+        disk cuts short is cut back off: left there, the torn record would swallow every
+        record appended after it at the next start, hashes answered included."""
         record = len(raw).to_bytes(LENGTH_BYTES, "big") + raw
-        if os.write(self._fd, record) != len(record):
-            raise OSError(f"short write to {self.path}")
+        try:
+            if os.write(self._fd, record) != len(record):
+                raise OSError(errno.ENOSPC, f"short write to {self.path}")
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self.size)
+            except OSError as err:
+                log.error("%s: cannot cut off a torn record (%s)", self.path, err)
+            raise
         self.size += len(record)
 
     def outgrew(self, pending_bytes: int) -> bool:

@@ -39,7 +39,7 @@ from chain.blobs import DEFAULT_MAX_BLOB_BYTES, BlobStore
 from chain.consensus import verified_work, work_seal
 from chain.db import DATABASE_FILE, DataDirError, SqliteDB, lock_data_dir, unreadable
 from chain.genesis import genesis_params, genesis_state
-from chain.journal import PendingJournal
+from chain.journal import JOURNAL_FILE, PendingJournal
 from chain.params import REWARD_POOL_ADDRESS
 from chain.timeline import mark
 from chain.vm import build_chain_class, with_fields
@@ -210,9 +210,23 @@ class Node:
         if self.db.holds_data():
             raise DataDirError(f"database {self.db.path} holds data but no chain head: it is "
                                "damaged or not a chain database")
+        if earlier := self._earlier_run():
+            raise DataDirError(f"database {self.db.path} is empty, but {earlier} of an earlier "
+                               "run: the database was lost or truncated. Restore it, or start "
+                               "a new chain in a new data dir")
         chain = chain_class.from_genesis(base_db, genesis_params(), genesis_state())
         self.db.flush()
         return chain
+
+    def _earlier_run(self) -> str | None:
+        """What in the data dir shows that a chain ran here before (a fresh one has neither):
+        a genesis written beside it would replay its journal onto a new chain."""
+        journal = self.config.data_dir / JOURNAL_FILE
+        if journal.is_file() and journal.stat().st_size:
+            return f"{journal} holds transactions"
+        if any(not entry.name.startswith(".") for entry in self.blobs.directory.iterdir()):
+            return f"{self.blobs.directory} holds blobs"
+        return None
 
     def _readmit_journaled(self) -> None:
         """Admit again what the journal holds: what the last run acknowledged and did not

@@ -902,7 +902,7 @@ class Rpc:
 
     def rpc_eth__getTransactionCount(self, address, block="latest"):
         account = parse_address(address)
-        if block == "pending":
+        if block == "pending" or isinstance(block, dict) and block.get("blockNumber") == "pending":
             return q(self.node.pending_nonce(account))
         return q(self.node.state_at(self.header_at(block)).get_nonce(account))
 
