@@ -11,6 +11,7 @@ import signal
 import stat
 import sys
 import threading
+import tokenize
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -298,7 +299,8 @@ def _load_operand(path: Path) -> np.ndarray:
                 _fail(f"{path} is not a .npy array file (numpy.save writes one)")
             f.seek(0)
             array = np.load(f, allow_pickle=False)
-    except (OSError, ValueError, MemoryError) as err:  # a header's shape too large for memory
+    except (OSError, ValueError, MemoryError, tokenize.TokenError) as err:  # MemoryError: a
+        # header's shape too large for memory; TokenError: numpy's parse of a cut-off header
         _fail(f"cannot read operand {path}: {err}")
     return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
 

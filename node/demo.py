@@ -78,7 +78,7 @@ def run_demo(workers: int, data_dir: Path | None, console: Console) -> None:
                 try:
                     _show(net, workers, console)
                 except KeyboardInterrupt as err:
-                    console.print(f"{err or 'interrupted'}; stopping the chain node and "
+                    console.print(f"{str(err) or 'interrupted'}; stopping the chain node and "
                                   "workers ...")
                     raise
                 except (DevnetError, RemoteJobError) as err:

@@ -44,3 +44,18 @@ def test_examples_given_as_lists_are_batched_field_by_field():
     x, y = batches[0]
     np.testing.assert_array_equal(x.numpy(), np.arange(18, dtype=np.float32).reshape(3, 2, 3))
     np.testing.assert_array_equal(y.numpy(), [0, 1, 2])
+
+
+def test_an_operand_whose_npy_header_is_cut_off_is_one_error_line(tmp_path):
+    """numpy raises tokenize.TokenError (not a ValueError) for a header dict left open."""
+    import struct
+
+    from helpers import one_error_line, run_cli
+
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (4, 4)".ljust(117) + b"\n"
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + bytes(64))
+    np.save(tmp_path / "a.npy", np.ones((4, 4), np.float32))
+    line = one_error_line(run_cli("submit", tmp_path / "a.npy", bad, "-o", tmp_path / "c.npy",
+                                  "--rpc-url", "http://127.0.0.1:9"))
+    assert line.startswith(f"error: cannot read operand {bad}"), line
