@@ -10,7 +10,6 @@ is skipped.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from pathlib import Path
@@ -20,6 +19,22 @@ log = logging.getLogger(__name__)
 JOURNAL_FILE = "pending.journal"
 LENGTH_BYTES = 4
 COMPACT_SLACK = 1 << 20  # bytes of sealed transactions the file may hold beyond the pool's
+
+
+def append_whole(fd: int, data: bytes, size: int) -> None:
+    """Append all of data to the file open for appending at fd, `size` bytes long before, or
+    none of it: a write the disk cuts short is cut back off, so that no torn record is left
+    to hide what is appended after it, or to be written twice by a retry."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        try:
+            os.ftruncate(fd, size)
+        except OSError as err:
+            log.error("cannot cut a torn append off file descriptor %d (%s)", fd, err)
+        raise
 
 
 class PendingJournal:
@@ -50,15 +65,7 @@ class PendingJournal:
         disk cuts short is cut back off: left there, the torn record would swallow every
         record appended after it at the next start, hashes answered included."""
         record = len(raw).to_bytes(LENGTH_BYTES, "big") + raw
-        try:
-            if os.write(self._fd, record) != len(record):
-                raise OSError(errno.ENOSPC, f"short write to {self.path}")
-        except OSError:
-            try:
-                os.ftruncate(self._fd, self.size)
-            except OSError as err:
-                log.error("%s: cannot cut off a torn record (%s)", self.path, err)
-            raise
+        append_whole(self._fd, record, self.size)
         self.size += len(record)
 
     def outgrew(self, pending_bytes: int) -> bool:

@@ -34,6 +34,7 @@ from web3.exceptions import Web3RPCError
 from chain.blobserver import BoundedHttpProtocol, listen
 from chain.client import NotAChainNode, nonce_taken
 from chain.dirlock import DirUnusable, claim_data_dir
+from chain.journal import append_whole
 from chain.params import GENESIS_GAS_LIMIT
 from chain.timeline import mark
 from node import compute
@@ -274,17 +275,10 @@ def _line(record: JobRecord) -> str:
 
 
 def _append_whole(path: Path, data: bytes) -> None:
-    """Append all of data to the file, or none of it: a write the disk cut short is cut
-    off again, so the records retried at the next save are not there twice."""
+    """Append all of data to the file, or none of it (the records retried at the next save
+    are then not there twice)."""
     with path.open("ab", buffering=0) as f:
-        size = f.seek(0, os.SEEK_END)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[f.write(view):]
-        except OSError:
-            f.truncate(size)
-            raise
+        append_whole(f.fileno(), data, f.seek(0, os.SEEK_END))
 
 
 class Worker:
