@@ -6,6 +6,7 @@ loop's own counters, `train/<name>`; arrays only, so loading never unpickles any
 import contextlib
 import os
 import secrets
+import tokenize
 import zipfile
 import zlib
 
@@ -55,7 +56,8 @@ def load(path: str, model: Module, optimizer: Optimizer | None = None) -> dict[s
         with loaded as f:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error,
-            NotImplementedError) as e:  # the last two: damaged compressed data, method field
+            NotImplementedError, tokenize.TokenError) as e:  # zlib.error, NotImplementedError:
+        # damaged compressed data, method field; TokenError: an array header cut off
         raise ValueError(f"{path}: not a readable needle checkpoint ({e})") from None
     _require_numbers(arrays, path)
     parts: dict[str, dict[str, np.ndarray]] = {"model": {}, "optimizer": {}, "train": {}}

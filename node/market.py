@@ -83,7 +83,10 @@ def is_transient(err: BaseException) -> bool:
     """Network trouble worth retrying (as opposed to a revert or bad data): a connection
     refused, reset, or cut off in the middle of an answer (http.client's IncompleteRead: the
     node restarting while it answered), a timeout, a host name that does not resolve (a
-    compose service's name while its container restarts) or a network that is down."""
+    compose service's name while its container restarts) or a network that is down. A URL
+    without http:// (httpx's UnsupportedProtocol, a TransportError) will never work."""
+    if isinstance(err, httpx.UnsupportedProtocol):
+        return False
     if isinstance(err, OSError) and err.errno in NETWORK_DOWN_ERRNOS:
         return True
     return isinstance(
