@@ -44,3 +44,26 @@ def test_worker_up_with_a_url_without_its_scheme_says_so_at_once(tmp_path, monke
     line = one_error_line(run_cli("worker", "up", "--data-dir", tmp_path / "w",
                                   "--rpc-url", "127.0.0.1:9"))
     assert line.startswith("error: not a chain node URL: 127.0.0.1:9") and "http://" in line, line
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((4, 3, 5), (5, 6)), ((4, 3, 5), (4, 5, 6)),  # small elements: one stacked check
+    ((4, 300, 500), (500, 200)),  # B shared: the elements' rows checked as one product
+    ((4, 300, 500), (4, 500, 200)),  # element by element
+])
+@pytest.mark.parametrize("where", ["A", "C"])
+def test_a_nan_in_a_batch_names_its_element_on_every_path(a_shape, b_shape, where):
+    from verifier import verify
+
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal(a_shape).astype(np.float32)
+    B = rng.standard_normal(b_shape).astype(np.float32)
+    C = A @ B
+    (A if where == "A" else C)[2, 1, 1] = np.inf if where == "A" else np.nan
+    if where == "A":
+        with np.errstate(invalid="ignore"):
+            C = A @ B
+    result = verify(A, B, C, seed=b"R" * 32)
+    assert not result.passed
+    assert result.reason.startswith("NaN or Inf in") and result.reason.endswith(
+        "(batch element (2,))"), result.reason

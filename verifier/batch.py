@@ -150,6 +150,15 @@ def _element_row(batch: tuple[int, ...], m: int, index: tuple[int, ...], row: in
     return tuple(index), row
 
 
+def _first_nonfinite_element(xp, A, B, C, batch: tuple[int, ...]) -> tuple[int, ...]:
+    """The first batch index where A, B or C holds a NaN or Inf (operands broadcast)."""
+    bad = xp.zeros(batch, dtype=bool)
+    for M in (A, B, C):
+        if M.ndim > 2:
+            bad = bad | xp.broadcast_to(~xp.isfinite(M).all(axis=(-2, -1)), batch)
+    return tuple(int(i) for i in np.unravel_index(int(xp.argmax(bad)), batch))
+
+
 def _where(index: tuple[int, ...], row: int) -> str:
     return f"row {row}" + (f" of batch element {index}" if index else "")
 
@@ -182,6 +191,8 @@ def _verify_float(xp, A, B, C, batch, k, n, rounds, seed, precision,
     for index, a, b, c in parts:
         excess, where, bad = floating.check(xp, a, b, c, signs, precision)
         if bad is not None:
+            if batch and not index:  # a stacked or shared check: find the element
+                index = _first_nonfinite_element(xp, A, B, C, batch)
             worst, reason = excess, bad + (f" (batch element {index})" if index else "")
             break
         if excess > worst:
