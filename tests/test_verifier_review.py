@@ -111,13 +111,13 @@ def test_masked_arrays_are_checked_on_their_data():
     rng = np.random.default_rng(3)
     A = rng.standard_normal((2, 6, 5), dtype=np.float32)
     B = rng.standard_normal((5, 4), dtype=np.float32)
-    for a in (A, A[1]):  # a stack and a single matrix
+    for a, where in ((A, " (batch element (0,))"), (A[1], "")):  # a stack, a single matrix
         data = a @ B
         data[..., 1, 1] = np.nan
         c = np.ma.masked_array(data, mask=np.isnan(data))
         before = snapshot(c.data, c.mask)
         result = verify(a, B, c, seed=SEED)
-        assert not result.passed and result.reason == "NaN or Inf in C"
+        assert not result.passed and result.reason == "NaN or Inf in C" + where
         assert result.worst_excess == np.inf
         assert snapshot(c.data, c.mask) == before
     Ai = rng.integers(-5, 5, (4, 3)).astype(np.int64)
