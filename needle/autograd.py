@@ -305,7 +305,7 @@ class Tensor(Value):
     def __pow__(self, other) -> Tensor:
         if isinstance(other, Tensor):
             return ops.power(self, other)
-        if isinstance(other, np.ndarray) and other.ndim:
+        if isinstance(other, NDArray | list) or (isinstance(other, np.ndarray) and other.ndim):
             # a constant exponent array of self's shape, as numpy arrays are for + and *;
             # PowerScalar's gradient takes a number (its `scalar == 0` test)
             return ops.power(self, self._constant_like(other, "power"))

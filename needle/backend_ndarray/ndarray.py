@@ -197,6 +197,15 @@ def _check_dtype(dtype) -> None:
         raise TypeError(f"needle NDArrays hold float32 only, got dtype {dtype!r}")
 
 
+def _number(value, what: str) -> float:
+    """A scalar operand as a float; a string or an array is refused (float() took "3", where
+    numpy's arithmetic refuses strings)."""
+    if isinstance(value, str | bytes) or not np.isscalar(value) and np.ndim(value) != 0:
+        raise TypeError(f"{what}: expected a number, an array or a list, got "
+                        f"{type(value).__name__}")
+    return float(value)
+
+
 def _numeric(a: np.ndarray) -> np.ndarray:
     if a.dtype.kind not in "biuf":
         raise TypeError(f"cannot make a float32 NDArray from numpy dtype {a.dtype}")
@@ -258,7 +267,7 @@ class NDArray:
     def __init__(self, other, device: BackendDevice | None = None, dtype: str = "float32"):
         _check_dtype(dtype)
         if isinstance(other, NDArray):
-            self._init(other.to(device or other.device) + 0.0)
+            self._init(other.to(device or other.device) * 1.0)  # a copy; + 0.0 made -0.0 +0.0
             return
         array = _numeric(np.asarray(other))
         device = device or default_device()
@@ -577,10 +586,10 @@ class NDArray:
                                  "memory; write into the array it was broadcast from")
             source = source._compact_read()
             if source._handle is self._handle:  # e.g. a[::-1] = a: read everything first
-                source = source + 0.0
+                source = source * 1.0  # a copy that keeps -0.0
             write = functools.partial(self._device.ewise_setitem, source._handle)
         else:
-            value = float(other)
+            value = float(other)  # numpy's rule: a[...] = "3" is 3.0
             if view.size == 0:
                 return
             write = functools.partial(self._device.scalar_setitem, view.size, value)
@@ -609,7 +618,7 @@ class NDArray:
                 raise ValueError(f"{name}: arrays on {self._device} and {other._device}")
             ewise(self._compact_read()._handle, other._compact_read()._handle, out._handle)
         else:
-            scalar(self._compact_read()._handle, float(other), out._handle)
+            scalar(self._compact_read()._handle, _number(other, name), out._handle)
         return out
 
     def _unary(self, fn) -> NDArray:
@@ -669,10 +678,10 @@ class NDArray:
         return (self >= other) * (self != other)
 
     def __lt__(self, other) -> NDArray:  # as -a > -b: false where either is NaN, like >
-        return (-self) > (-other)
+        return (-self) > (-self._operand(other))
 
     def __le__(self, other) -> NDArray:
-        return (-self) >= (-other)
+        return (-self) >= (-self._operand(other))
 
     __hash__ = None  # type: ignore[assignment]
     __array_ufunc__ = None  # numpy scalars on the left defer to NDArray's reflected operators

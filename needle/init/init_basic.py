@@ -3,6 +3,8 @@ device, so `np.random.seed` makes every initialiser reproducible."""
 import math
 import numbers
 
+import numpy as np
+
 import needle as ndl
 from needle.backend_ndarray.ndarray import _star_shape
 
@@ -34,7 +36,16 @@ def rand(*shape, low=0.0, high=1.0, device=None, dtype="float32", requires_grad=
     check_number("high", high, low, high_open=False)  # low == high: the constant low
     device = _device(device)
     array = device.rand(*shape, dtype=dtype) * (high - low) + low
+    top = _below(high)  # float32 rounding can land a draw on high itself
+    if high > low and top >= low:
+        array = -((-array).maximum(-top))
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
+
+
+def _below(high: float) -> float:
+    """The largest float32 below high."""
+    top = np.float32(high)
+    return float(top if top < high else np.nextafter(top, np.float32(-np.inf)))
 
 
 def randn(*shape, mean=0.0, std=1.0, device=None, dtype="float32", requires_grad=False):

@@ -6,6 +6,8 @@ backward matmul. Gradients are constants (first-order autodiff, as training need
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
 from ..autograd import NDArray, Tensor, TensorOp
@@ -113,7 +115,7 @@ class BatchNorm(TensorOp):
     def _channels(self, a: NDArray) -> NDArray:
         """(N, C, ...) as (N, C, S), S the pixels per channel (1 for BatchNorm1d)."""
         n, c = a.shape[:2]
-        return a.reshape((n, c, a.size // (n * c)))
+        return a.reshape((n, c, prod(a.shape[2:])))
 
     @staticmethod
     def _per_channel_sum(a: NDArray) -> NDArray:
