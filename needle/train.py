@@ -451,4 +451,8 @@ if __name__ == "__main__":
     try:
         main()
     except (FloatingPointError, ValueError, KeyError, OSError) as e:
-        raise SystemExit(f"\nneedle.train: {e}") from None  # after the progress line
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e  # not its repr
+        raise SystemExit(f"\nneedle.train: {message}") from None  # after the progress line
+    except KeyboardInterrupt:  # a checkpoint already written is whole (checkpoint.save)
+        print("\nneedle.train: interrupted", file=sys.stderr)
+        sys.exit(130)

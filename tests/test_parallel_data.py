@@ -55,8 +55,10 @@ def test_two_ranks_match_full_batch_training(tmp_path, batch, bucket_mb, offload
     for r in range(2):
         refusals = json.loads((tmp_path / f"refusals{r}.json").read_text())
         assert "rank 1 has parameters" in refusals["replicas"]
-        assert refusals["shard"] == "a batch of shape (1, 3) cannot be split over 2 ranks"
-        assert refusals["fraction"] == "a batch of 1 rows cannot be split over 2 ranks"
+        hint = "; every rank needs a row (a data set's last batch: DataLoader(..., " \
+            "drop_last=True) skips it)"
+        assert refusals["shard"] == "a batch of shape (1, 3) cannot be split over 2 ranks" + hint
+        assert refusals["fraction"] == "a batch of 1 rows cannot be split over 2 ranks" + hint
         assert refusals["weight"] == "local_fraction must lie in [0, 1], got 1.5"
         # NaN in rank 1's batch only: both ranks refuse the summed gradients, naming them
         assert refusals["nan"].startswith(

@@ -38,6 +38,9 @@ class Bucket:
 
 
 _NORM_STATS = ("running_mean", "running_var")
+# a rank without rows has no mean loss to take a gradient of (the losses refuse empty batches)
+_NO_ROWS_HINT = ("; every rank needs a row (a data set's last batch: DataLoader(..., "
+                 "drop_last=True) skips it)")
 # how far the ranks' local_fraction may sum from 1, on top of the float32 rounding of that sum
 # (at most size * 2**-24, which grows with the number of ranks)
 _FRACTION_TOLERANCE = 1e-5
@@ -151,6 +154,7 @@ class DataParallel(Module):
         if batch.ndim == 0 or batch.shape[0] < self.comm.size:
             raise ValueError(
                 f"a batch of shape {batch.shape} cannot be split over {self.comm.size} ranks"
+                f"{_NO_ROWS_HINT}"
             )
         return np.array_split(batch, self.comm.size)[self.comm.rank]
 
@@ -158,7 +162,8 @@ class DataParallel(Module):
         """Share of a global batch that `shard` gives this rank (the first ranks get the extras)."""
         if global_batch_size < self.comm.size:
             raise ValueError(
-                f"a batch of {global_batch_size} rows cannot be split over {self.comm.size} ranks"
+                f"a batch of {global_batch_size} rows cannot be split over {self.comm.size} "
+                f"ranks{_NO_ROWS_HINT}"
             )
         base, extra = divmod(global_batch_size, self.comm.size)
         return (base + (self.comm.rank < extra)) / global_batch_size

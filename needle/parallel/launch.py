@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -82,10 +83,11 @@ def launch_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m needle.parallel.launch",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--nprocs", type=int, default=2)
     parser.add_argument("script")
-    parser.add_argument("args", nargs=argparse.REMAINDER)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     opts = parser.parse_args(argv)
     if not os.path.isfile(opts.script):  # else every rank fails to open it, N times over
         parser.error(f"no script {opts.script}")
@@ -93,7 +95,30 @@ def main(argv: list[str] | None = None) -> int:
         command = launch_command(opts.nprocs, opts.script, opts.args)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
-    return subprocess.call(command, env=launch_env())
+    return run(command, launch_env())
+
+
+def run(command: list[str], env: Mapping[str, str]) -> int:
+    """Run the MPI launcher to its end and return its exit status (128 + N for signal N). A
+    SIGTERM or SIGHUP to this process is passed on to it (it ends the ranks), so that
+    stopping the launcher stops the job instead of leaving it to train on unseen. Ctrl-C
+    reaches the launcher and the ranks from the terminal itself: wait for them to end (each
+    further Ctrl-C stops the launcher harder), without a traceback of this wait."""
+    proc = subprocess.Popen(command, env=env)
+    forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    stops = iter((signal.SIGINT, signal.SIGTERM, signal.SIGKILL))  # Ctrl-C again: harder
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                proc.send_signal(next(stops, signal.SIGKILL))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":
