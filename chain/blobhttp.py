@@ -321,6 +321,10 @@ class BlobApp:
         if method == "POST" and name == "":
             await self._post_batch(scope, receive, send)
             return
+        if method not in ("GET", "HEAD", "PUT"):
+            await json_reply(send, 405, {"error": f"method {method} not allowed on blobs"},
+                             headers=((b"allow", ALLOWED),))
+            return
         try:
             id_ = parse_id(name)
         except ValueError as exc:
@@ -328,11 +332,8 @@ class BlobApp:
             return
         if method == "PUT":
             await self._put(id_, scope, receive, send)
-        elif method in ("GET", "HEAD"):
-            await self._get(id_, send, head=method == "HEAD")
         else:
-            await json_reply(send, 405, {"error": f"method {method} not allowed on blobs"},
-                             headers=((b"allow", ALLOWED),))
+            await self._get(id_, send, head=method == "HEAD")
 
     def _naming_the_store(self, send):
         """`send` with the store's `STORE_HEADER` added to the response's headers, as the

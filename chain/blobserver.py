@@ -21,6 +21,7 @@ is acknowledged only after its group commit (fsync), and one cut short stores no
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -89,6 +90,10 @@ UVICORN_MAX_CONNECTIONS = 1024
 
 class BadRequest(ValueError):
     """A request this listener cannot parse (answered 400 and the connection closed)."""
+
+
+class HeadTimeout(BadRequest):
+    """A request's line and headers took over HEAD_TIMEOUT from their first byte (408)."""
 
 
 class StoreFailed(Exception):
@@ -286,15 +291,31 @@ class _Stream:
     def read_head(self) -> bytes | None:
         """The next request's line and headers (None if the client closed between
         requests); the bytes after them stay pending."""
+        deadline = None  # HEAD_TIMEOUT from the head's first byte, as on the uvicorn ports:
+        # the idle timeout alone let a head trickling in a byte a minute hold its thread
         while (end := self.pending.find(b"\r\n\r\n")) < 0:
             if len(self.pending) > HEAD_LIMIT:
                 raise BadRequest(f"request headers over {HEAD_LIMIT} bytes")
-            data = self.sock.recv(65536)
+            if self.pending:
+                deadline = deadline or time.monotonic() + HEAD_TIMEOUT
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HeadTimeout(f"request line and headers not received in "
+                                      f"{HEAD_TIMEOUT:g} s")
+                self.sock.settimeout(min(left, IDLE_TIMEOUT))
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    continue  # answered above
+                raise
             if not data:
                 if self.pending:
                     raise BadRequest("connection closed inside the request headers")
                 return None
             self.pending += data
+        if deadline is not None:
+            self.sock.settimeout(IDLE_TIMEOUT)
         head = bytes(self.pending[:end])
         del self.pending[:end + 4]
         return head
@@ -602,6 +623,10 @@ class BlobServer:
                     return
                 if not self._handle(stream, request) or not request.keep_alive:
                     return
+        except HeadTimeout as exc:
+            with contextlib.suppress(OSError):
+                sock.settimeout(5.0)  # the head's deadline is spent: a moment to answer
+                _reply(sock, 408, {"error": str(exc)}, False, identity=self.identity)
         except (OSError, ConnectionAbortedError, BadRequest):
             return  # the client went away, timed out or sent garbage: nothing to answer
         finally:
@@ -622,16 +647,16 @@ class BlobServer:
             return False
         if method == "POST" and name == "":
             return self._post(stream, request)
+        if method not in ("GET", "HEAD", "PUT"):
+            return self._refuse(stream, request, 405,
+                                {"error": f"method {method} not allowed on blobs"},
+                                extra=f"allow: {ALLOWED.decode()}\r\n")
         try:
             id_ = parse_id(name)
         except ValueError as exc:
             return self._refuse(stream, request, 400, {"error": str(exc)})
         if method == "PUT":
             return self._put(stream, request, id_)
-        if method not in ("GET", "HEAD"):
-            return self._refuse(stream, request, 405,
-                                {"error": f"method {method} not allowed on blobs"},
-                                extra=f"allow: {ALLOWED.decode()}\r\n")
         if request.length:
             stream.drain(request.length)
         if (blob := self.recent.open(id_)) is not None:

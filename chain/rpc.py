@@ -312,7 +312,15 @@ def parse_storage(value, name: str) -> dict[int, int]:
             int.from_bytes(parse_hash(word, name), "big") for slot, word in value.items()}
 
 
-OVERRIDE_FIELDS = {"balance": parse_quantity, "nonce": parse_quantity, "code": parse_data,
+def parse_nonce(value, name: str) -> int:
+    """An account nonce: a quantity below 2**64 (EIP-2681)."""
+    number = parse_quantity(value, name)
+    if number >= 2**64:
+        raise invalid_params(f"{name} must be below 2**64, got {value!r}")
+    return number
+
+
+OVERRIDE_FIELDS = {"balance": parse_quantity, "nonce": parse_nonce, "code": parse_data,
                    "state": parse_storage, "stateDiff": parse_storage}
 
 
