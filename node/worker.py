@@ -1184,6 +1184,7 @@ class Worker:
             receipt, finalized = self._send_with_commit(since + BLOCKHASH_WINDOW, commit, ids,
                                                         gas)
             mark("worker receipts")
+            self.metrics.stage_latency.labels("commit").observe(time.perf_counter() - t0)
             ours = {e["jobId"] for e in self.chain.events_in(receipt, "ResultCommitted")
                     if e["worker"] == self.address}
             # a commit resent after its answer was lost finds the jobs taken by its first send
@@ -1283,14 +1284,17 @@ class Worker:
         while they upload; it is sent only once the store has acknowledged them (a commit
         whose C is missing would be slashed at finalisation)."""
         gas = commit_jobs_gas(len(job_ids))
+        t0 = time.perf_counter()
         if sum(c.nbytes for c in results) > PRESIGN_BYTES:
             c_ids = self._retry(self.chain.put_arrays, results)
             mark("worker uploaded")
+            self.metrics.stage_latency.labels("upload").observe(time.perf_counter() - t0)
             return self._post_commit(gas, job_ids, c_ids)
         c_ids, signing = self.chain.put_arrays_signing(
             results, lambda ids: self.chain.sign_with_gas(gas, "commitJobs", job_ids, ids),
             self._blob_pool, put=lambda arrays: self._retry(self.chain.put_arrays, arrays))
         mark("worker uploaded")
+        self.metrics.stage_latency.labels("upload").observe(time.perf_counter() - t0)
         try:
             return self.chain.post_signed(signing.result())
         except Exception as err:  # the nonce is forgotten: signed afresh if worth retrying
@@ -1353,9 +1357,13 @@ class Worker:
         """Fetch and check A and B and compute C: (C, None), or (None, the error)."""
         try:
             mark(f"worker fetching job {job.job_id}")
+            t0 = time.perf_counter()
             a, b = self._operands(job)
             mark("worker fetched")
+            t1 = time.perf_counter()
+            self.metrics.stage_latency.labels("fetch").observe(t1 - t0)
             c = compute.matmul(a, b, self.device)
+            self.metrics.stage_latency.labels("compute").observe(time.perf_counter() - t1)
             compute.check_result(c, job.precision == 0)
             if self.config.corrupt_results:
                 c = compute.corrupt(c, self._rng)

@@ -333,6 +333,14 @@ def test_worker_api_metrics_and_admin_actions(net, observer):
     since_restart = verified[:2]  # newest first
     flops = sum(2.0 * j["batch"] * j["m"] * j["k"] * j["n"] for j in since_restart)
     assert f"needle_flops_total {flops}" in metrics
+
+    def observed(stage: str) -> float:  # a batch of small jobs times its stages too
+        prefix = f'needle_stage_seconds_count{{stage="{stage}"}} '
+        return sum(float(line.split()[-1]) for line in metrics.splitlines()
+                   if line.startswith(prefix))
+
+    assert observed("fetch") >= 2 and observed("compute") >= 2, metrics
+    assert min(observed(s) for s in ("upload", "commit", "finalize")) >= 1, metrics
     assert "/admin/withdraw" in HTTP.get(f"{api}/openapi.json").json()["paths"]
     blocks = HTTP.get(f"{api}/blocks?count=3").json()
     assert [b["number"] for b in blocks] == sorted((b["number"] for b in blocks), reverse=True)
