@@ -928,8 +928,9 @@ class Worker:
             if now < turn:  # a peer ranked before this worker may still take it
                 self._next_turn = min(turn, self._next_turn or turn)
                 continue
+            job = self._candidates.get(job_id) or self.chain.job(job_id)  # kept if this fails
+            self._candidates.pop(job_id, None)
             self._seen.pop(job_id, None)
-            job = self._candidates.pop(job_id) or self.chain.job(job_id)
             if job.status != JOB_OPEN or not self._acceptable(job):
                 continue
             if self._is_small(job):
@@ -1040,7 +1041,7 @@ class Worker:
         self.metrics.in_flight.inc(len(records))
         self._pool.submit(self._process_batch, records, jobs)
 
-    def _try_claim(self, record: JobRecord) -> int | None:
+    def _try_claim(self, record: JobRecord, job: Job) -> int | None:
         """Claim the job: the claim's deadline (the last block its commit may land in); None
         if another worker has it. A revert may also mean that an earlier send of this claim,
         whose answer a network error lost, was mined before its retry: the job is then this
@@ -1062,9 +1063,31 @@ class Worker:
                 return None
             log.info("job %d: claimed by an earlier send of this claim", record.job_id)
             deadline = job.deadline
+        except Exception as err:
+            if not is_transient(err):
+                raise
+            deadline = self._claim_outcome(record, job, err)
+            if deadline is None:
+                return None
         self._set_stage(record, "claimed")
         self.metrics.jobs.labels("claimed").inc()
         return deadline
+
+    def _claim_outcome(self, record: JobRecord, job: Job, err: Exception) -> int | None:
+        """The claim's deadline if a claim whose sends all failed on the network landed
+        after all; else None, the job dropped (open: a candidate again). The chain is asked
+        for as long as such a claim could still stand: given up sooner, a claim that had
+        landed expired unseen (a 10 % stake cut)."""
+        log.warning("job %d: the claim's answer was lost (%s); asking the chain node whose "
+                    "the job is", record.job_id, err)
+        now = self._retry_held(self._head + job.timeout_blocks, self.chain.job, record.job_id)
+        if now.worker == self.address and now.status == JOB_CLAIMED:
+            log.info("job %d: claimed by a send whose answer was lost", record.job_id)
+            return now.deadline
+        self._drop([record])
+        if now.status == JOB_OPEN:
+            self._watch({now.job_id: now})
+        return None
 
     def _keep_refused(self, job: Job) -> None:
         """A claim the chain refused while the job stayed open: a slash cut the stake below
@@ -1111,7 +1134,7 @@ class Worker:
                     if c is None:
                         return
                 if start == "claim":
-                    deadline = self._try_claim(record)
+                    deadline = self._try_claim(record, job)
                     if deadline is None:
                         return
                     job = replace(job, worker=self.address, status=JOB_CLAIMED,
@@ -1129,6 +1152,14 @@ class Worker:
         except StoppedHolding as err:  # saved in flight when the run ends
             log.info("job %d left for a restart to resume: %s", record.job_id, err)
         except Exception as err:  # noqa: BLE001 - one bad job must not kill the node
+            if start == "claim" and record.stage == "fetching" and is_transient(err):
+                # no claim went out (_try_claim settles its own): the job is still open, and
+                # booked as an error it was never taken again
+                log.warning("job %d: chain node or blob store unreachable before the claim "
+                            "(%s); left open, to be taken again", record.job_id, err)
+                self._drop([record])
+                self._watch({job.job_id: None})
+                return
             log.exception("job %d failed", record.job_id)
             self._set_stage(record, "error", f"{type(err).__name__}: {err}")
             self.metrics.jobs.labels("error").inc()

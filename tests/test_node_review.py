@@ -292,8 +292,10 @@ def test_a_claim_whose_earlier_send_landed_is_kept(node, tmp_path):
                         account)
         records = [JobRecord(job_id, 1, 8, 5, 3, FEE, "fetching") for job_id in (mine, theirs)]
         worker.jobs.extend(records)
-        assert worker._try_claim(records[0]) and records[0].stage == "claimed"
-        assert not worker._try_claim(records[1]) and records[1] not in worker.jobs
+        assert worker._try_claim(records[0], submitter.job(mine)) and \
+            records[0].stage == "claimed"
+        assert not worker._try_claim(records[1], submitter.job(theirs)) and \
+            records[1] not in worker.jobs
         assert submitter.job(mine).worker == account.address
     finally:
         for market in (submitter, me, rival):

@@ -184,7 +184,7 @@ def test_a_claim_refused_after_a_slash_keeps_its_job_and_reads_the_stake(tmp_pat
             submitter.send("submitJob", ids, ids, 1, 2, 2, 2, 1, 20, value=FEE)
             record = JobRecord(job_id, 1, 2, 2, 2, FEE, "fetching")
             worker.jobs.append(record)
-            assert worker._try_claim(record) is None
+            assert worker._try_claim(record, submitter.job(job_id)) is None
             assert record not in worker.jobs  # never this worker's: not booked
             assert worker.status()["accepting_jobs"] is False
             assert job_id in worker._candidates
