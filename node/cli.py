@@ -461,8 +461,11 @@ def submit(
     _require_positive(timeout, "--timeout", "seconds")
     fee_wei = _wei(fee, "--fee", allow_zero=True)
     _check_writable(output, force)
-    a, b = _load_operand(a_path), _load_operand(b_path)
-    _require_valid_operands(a, b)
+    try:  # large operands take seconds to read and check: Ctrl-C then said nothing at all
+        a, b = _load_operand(a_path), _load_operand(b_path)
+        _require_valid_operands(a, b)
+    except KeyboardInterrupt:
+        _fail("interrupted while reading the operands; no job was sent", code=130)
     client = JobClient(rpc_url, _account(keystore, password_file), fee_wei=fee_wei,
                        timeout=timeout, timeout_blocks=deadline, progress=True,
                        output_name=str(output))

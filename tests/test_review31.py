@@ -143,3 +143,37 @@ def test_uniform_samples_stay_below_high():
     assert (ref == 2.0).sum() == 1  # the case is really there
     np.testing.assert_array_equal(r[ref < 2.0], ref[ref < 2.0])
     assert ndl.init.rand(3, low=1.0, high=1.0).numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_ctrl_c_while_submit_reads_its_operands_says_so(tmp_path):
+    """A FIFO holds the read (as a large file does for seconds) until Ctrl-C."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    np.save(tmp_path / "b.npy", np.ones((4, 4), np.float32))
+    os.mkfifo(tmp_path / "a.npy")
+    proc = subprocess.Popen([sys.executable, "-m", "node", "submit", str(tmp_path / "a.npy"),
+                             str(tmp_path / "b.npy"), "-o", str(tmp_path / "c.npy"),
+                             "--rpc-url", "http://127.0.0.1:9"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    writer = None
+    try:
+        end = time.monotonic() + 60
+        while writer is None and time.monotonic() < end:  # until submit opened it to read
+            try:
+                writer = os.open(tmp_path / "a.npy", os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet
+                time.sleep(0.05)
+        assert writer is not None and proc.poll() is None
+        proc.send_signal(signal.SIGINT)  # submit waits in the read: no byte comes
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if writer is not None:
+            os.close(writer)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert "error: interrupted while reading the operands; no job was sent" in output, output
