@@ -105,7 +105,10 @@ def run(command: list[str], env: Mapping[str, str]) -> int:
     reaches the launcher and the ranks from the terminal itself: wait for them to end (each
     further Ctrl-C stops the launcher harder), without a traceback of this wait."""
     proc = subprocess.Popen(command, env=env)
-    forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731
+
+    def forward(signum: int, _frame) -> None:
+        proc.send_signal(signum)
+
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     stops = iter((signal.SIGINT, signal.SIGTERM, signal.SIGKILL))  # Ctrl-C again: harder
     try:
