@@ -17,6 +17,7 @@ import numpy as np
 from needle.backend_ndarray import NDArray
 
 SPIN_S = 0.05  # how long a wait polls without pausing
+ABORT_GRACE_S = 0.5  # a dying rank waits this long before it aborts the job: its output out
 
 
 class Communicator:
@@ -283,6 +284,9 @@ def _abort_job_on_uncaught_exception(mpi: Any) -> None:
     def hook(kind, value, traceback) -> None:
         previous(kind, value, traceback)
         sys.stderr.flush()
+        # the launcher relays a rank's output through its own pipes, and an abort kills the
+        # job at once: on a loaded machine the traceback was cut short (a CI run)
+        time.sleep(ABORT_GRACE_S)
         mpi.COMM_WORLD.Abort(1)
 
     hook._needle_aborts = True
