@@ -224,8 +224,6 @@ def info(
             data = node_info(http, url)
     except NotAChainNode as exc:
         _fail(str(exc))
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        _fail(f"not a chain node URL: {exc}")
     except httpx.HTTPError as exc:
         _fail(f"cannot reach the chain node at {url}/info: {exc}")
     data.pop("abi", None)

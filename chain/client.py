@@ -95,9 +95,11 @@ NODE_INFO_FIELDS = ("chain_id", "contract", "abi")
 
 def node_info(http: httpx.Client, url: str) -> dict:
     """The node's /info, or NotAChainNode naming what answered instead (a web page, a 404,
-    another service's JSON)."""
+    another service's JSON), or why the URL cannot name one (no http://)."""
     try:
         info = http.get(f"{url}/info").raise_for_status().json()
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as err:
+        raise NotAChainNode(f"not a chain node URL: {url}: {err}") from None
     except httpx.HTTPStatusError as err:
         answer = f"HTTP {err.response.status_code}"
     except ValueError:  # not JSON, or not text

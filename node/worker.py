@@ -676,8 +676,6 @@ class Worker:
                 return Market(url, self.account)
             except NotAChainNode as err:
                 raise WorkerStartError(redacted(str(err))) from err
-            except (httpx.InvalidURL, httpx.UnsupportedProtocol) as err:
-                raise WorkerStartError(redacted(f"not a chain node URL: {url}: {err}")) from err
             except (httpx.HTTPError, ValueError, KeyError) as err:
                 if not is_transient(err):
                     raise WorkerStartError(redacted(
