@@ -317,6 +317,37 @@ def test_plans_sharing_a_workspace_never_read_each_others_verdicts():
             assert gpu_exact.check(plan, dA, dB, M, seed) == ((0, 0) if honest else (1, 40))
 
 
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.uint32, np.int64])
+@pytest.mark.parametrize("offset", [0, 1])  # rows read 16 bytes at a time where aligned
+def test_the_entry_bound_alone_fails_rows_whose_residues_agree(dtype, offset):
+    """An honest C checked against a product bound below some of its entries: exactly the
+    rows holding an entry of magnitude above the bound fail, though every residue agrees,
+    and an entry at the bound passes (the bound check by itself, on every wide C type)."""
+    from verifier import gpu_exact
+    from verifier.exact import dtype_magnitude
+
+    operand = np.uint8 if dtype == np.uint32 else np.int8
+    rng = np.random.default_rng(21)
+    A = rng.integers(0 if operand == np.uint8 else -8, 8, (200, 64), dtype=operand)
+    B = rng.integers(0 if operand == np.uint8 else -8, 8, (64, 96), dtype=operand)
+    C = A.astype(np.int64) @ B
+    largest = np.abs(C).max(axis=1)
+    bound = int(np.median(largest))
+    failing = np.flatnonzero(largest > bound)
+    assert 0 < len(failing) < len(C) and (largest == bound).any()
+    flat = cupy.empty(C.size + offset, dtype)
+    dC = flat[offset:].reshape(C.shape)
+    dC[...] = cupy.asarray(C.astype(dtype))
+    dA, dB = cupy.asarray(A), cupy.asarray(B)
+    magnitude = dtype_magnitude(operand)
+    plan = gpu_exact.plan_for(dA, dB, dC, 1, (magnitude, dtype_magnitude(dtype), magnitude),
+                              bound)
+    assert gpu_exact.check(plan, dA, dB, dC, SEED) == (len(failing), failing[0])
+    honest = gpu_exact.plan_for(dA, dB, dC, 1, (magnitude, dtype_magnitude(dtype), magnitude),
+                                int(largest.max()))
+    assert gpu_exact.check(honest, dA, dB, dC, SEED) == (0, 0)
+
+
 def test_every_wrong_row_is_counted_once_launch_after_launch():
     """With every row wrong each is counted exactly once (neither twice nor missed; A's
     tensor-core pass sums a block's rows in shared memory it then reuses), launch after

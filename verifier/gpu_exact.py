@@ -209,6 +209,16 @@ __device__ __forceinline__ int4 load_once(const int4* p) {
     return __ldg(p);
 #endif
 }
+// |x| without overflow (|INT_MIN| is 2^31): a row's entries are bounded by their largest
+// magnitude, one unsigned max per entry (H100, n = 4096: the bound check took the check
+// from 41.2 to 42.7 us back to back as two signed 64-bit comparisons per entry).
+__device__ __forceinline__ unsigned int magnitude(int x) {
+    return x < 0 ? 0u - (unsigned int)x : (unsigned int)x;
+}
+__device__ __forceinline__ unsigned int magnitude(unsigned int x) { return x; }
+__device__ __forceinline__ u64 magnitude(long long x) {
+    return x < 0 ? 0ULL - (u64)x : (u64)x;
+}
 __device__ __forceinline__ u64 rotate(u64 y, int s) {  // y 2^s mod p, y in [0, p), s in [0, 61)
     return s == 0 ? y : (((y << s) & PRIME) | (y >> (61 - s)));
 }
@@ -290,9 +300,9 @@ __device__ __forceinline__ void VX_PASS(
     const long long words = cols;
 #endif
 #if !VX_BYTES && VX_CHECK
-    bool bad[VX_RPW];
+    decltype(magnitude((VX_R)0)) largest[VX_RPW];  // of the row's entries this lane read
     #pragma unroll
-    for (int r = 0; r < VX_RPW; ++r) bad[r] = false;
+    for (int r = 0; r < VX_RPW; ++r) largest[r] = 0;
 #endif
     #pragma unroll
     for (int r = 0; r < VX_RPW; ++r)
@@ -346,7 +356,7 @@ __device__ __forceinline__ void VX_PASS(
                     for (int e = 0; e < VX_VEC; ++e)
                         #pragma unroll
                         for (int r = 0; r < VX_RPW; ++r)
-                            bad[r] |= m[u][r][e] > limit || m[u][r][e] < -limit;
+                            largest[r] = max(largest[r], magnitude(m[u][r][e]));
 #endif
                     #pragma unroll
                     for (int q = 0; q < VX_K; ++q) {
@@ -380,7 +390,7 @@ __device__ __forceinline__ void VX_PASS(
     #pragma unroll
     for (int r = 0; r < VX_RPW; ++r) {
 #if !VX_BYTES && VX_CHECK
-        const bool row_bad = __any_sync(0xffffffffu, bad[r]);
+        const bool row_bad = __any_sync(0xffffffffu, (u64)largest[r] > (u64)limit);  // limit >= 0
 #else
         const bool row_bad = false;
 #endif
