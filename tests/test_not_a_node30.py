@@ -70,3 +70,16 @@ def test_chain_info_answers_the_same_line(server, path, answer):
     result = CliRunner().invoke(app, ["info", "--url", server + path], terminal_width=400)
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.output.strip() == "error: " + _expected(server + path, answer)
+
+
+@pytest.mark.parametrize("path", ["/rpc", "/rpc/"])
+def test_the_json_rpc_path_given_as_the_url_is_named(server, path):
+    """The docs call POST /rpc the JSON-RPC endpoint; a URL ending in it gets a 404 for its
+    /info, and the message says which URL to give instead (the CLI took it as a dead end)."""
+    with httpx.Client() as http, pytest.raises(NotAChainNode) as raised:
+        node_info(http, server + path)
+    assert str(raised.value) == (_expected(server + path, "HTTP 404")
+                                 + f"; give the node's own URL, {server}")
+    line = one_error_line(run_cli("jobs", "--rpc-url", server + path))
+    hint = f"; give the node's own URL, {server}"
+    assert line == "error: " + _expected(server + "/rpc", "HTTP 404") + hint  # no final /
