@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import coincurve
 import httpx
@@ -95,7 +95,16 @@ NODE_INFO_FIELDS = ("chain_id", "contract", "abi")
 
 def node_info(http: httpx.Client, url: str) -> dict:
     """The node's /info, or NotAChainNode naming what answered instead (a web page, a 404,
-    another service's JSON), or why the URL cannot name one (no http://)."""
+    another service's JSON), or why the URL cannot name one (no http://, a port past 65535,
+    a query or fragment)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a port out of range (httpx would wrap it around)
+        if parts.query or parts.fragment:
+            raise ValueError("a query or fragment cannot precede the node's paths (/info, "
+                             "/rpc, /blobs)")
+    except ValueError as err:
+        raise NotAChainNode(f"not a chain node URL: {url}: {err}") from None
     try:
         info = http.get(f"{url}/info").raise_for_status().json()
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as err:

@@ -239,6 +239,8 @@ def _check_writable(path: Path, force: bool) -> None:
     find the name taken, after the fee."""
     if path.is_dir():
         _fail(f"output {path} is a directory, not a file")
+    if path.exists() and not path.is_file():  # --force would put a file in its place
+        _fail(f"output {path} is not a regular file (a device, pipe or socket); not replaced")
     if os.path.lexists(path) and not force:
         _fail(f"output {path} exists; pass --force to overwrite it")
     if not path.parent.is_dir():
@@ -661,7 +663,8 @@ def keys_new(
 def keys_show(
     path: Annotated[Path, typer.Argument(help="Keystore file.")],
 ) -> None:
-    """Print a keystore's address (read from the file; no password, no secret shown).
+    """Print the address a keystore states (read from the file; no password, no secret
+    shown). Every command that unlocks the key checks it against this address.
 
     Example: [bold]needle-net keys show .needle-net/worker/key.json[/bold]
     """

@@ -20,6 +20,9 @@ from eth_account.signers.local import LocalAccount
 from chain.dirlock import sync_directory
 
 PASSWORD_ENV = "NEEDLE_NET_PASSWORD"
+# key derivation work a keystore may ask for: a crafted file must not hang the command (Ctrl-C
+# cannot stop hashlib's loop); eth-account writes 2^18 pbkdf2 iterations or scrypt n = 2^18
+MAX_KDF_WORK = {"pbkdf2": ("c", 10**7), "scrypt": ("n", 1 << 20)}
 
 
 class KeystoreError(Exception):
@@ -125,8 +128,15 @@ def read_keyfile(path: Path) -> dict:
 def load_keystore(path: Path, password: str) -> LocalAccount:
     """The account in an encrypted keystore; KeystoreError if it cannot be read or opened."""
     keyfile = read_keyfile(path)
+    crypto = keyfile.get("crypto", keyfile.get("Crypto"))
+    if isinstance(crypto, dict) and isinstance(crypto.get("kdfparams"), dict):
+        name, most = MAX_KDF_WORK.get(crypto.get("kdf"), (None, 0))
+        work = crypto["kdfparams"].get(name)
+        if isinstance(work, int) and work > most:
+            raise KeystoreError(f"cannot decrypt keystore {path}: its {crypto['kdf']} {name} = "
+                                f"{work} is above {most}, more work than a keystore needs")
     try:
-        return Account.from_key(Account.decrypt(keyfile, password))
+        account = Account.from_key(Account.decrypt(keyfile, password))
     except NotImplementedError as err:  # eth-keyfile's answer to versions 1 and 2
         raise KeystoreError(f"{path} is a keystore of version {keyfile.get('version')!r}, "
                             "not Web3 secret storage v3") from err
@@ -140,6 +150,11 @@ def load_keystore(path: Path, password: str) -> LocalAccount:
         raise KeystoreError(
             f"cannot decrypt keystore {path}: wrong password or corrupt file"
         ) from err
+    stated = keyfile.get("address")
+    if stated is not None and str(stated).lower().removeprefix("0x") != account.address[2:].lower():
+        raise KeystoreError(f"keystore {path} names address {stated}, but its key is "
+                            f"{account.address}'s: the file was edited or mixed up")
+    return account
 
 
 def load_or_create(path: Path, password: str, iterations: int | None = None) -> LocalAccount:

@@ -1,0 +1,103 @@
+"""Session 32's review of the CLI and keys: a keystore whose address field is not its key's,
+one asking for unbounded key-derivation work, node URLs with a port past 65535 or a query,
+an output that is a device or pipe, and Ctrl-C while the command's modules load."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import one_error_line, run_cli
+
+from chain.devnet import dev_account
+from node import keys
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def keystore(tmp_path):
+    path = tmp_path / "key.json"
+    keys.save_keystore(dev_account(3), path, "pw", iterations=2048)
+    return path
+
+
+def test_a_keystore_naming_another_address_is_refused(keystore):
+    """Its address field edited to another account's: `balance --keystore` would show that
+    account while every transaction is signed by the key's own."""
+    assert keys.load_keystore(keystore, "pw").address == dev_account(3).address
+    keyfile = json.loads(keystore.read_text())
+    keyfile["address"] = dev_account(0).address[2:].lower()
+    keystore.write_text(json.dumps(keyfile))
+    with pytest.raises(keys.KeystoreError) as raised:
+        keys.load_keystore(keystore, "pw")
+    assert str(raised.value) == (f"keystore {keystore} names address {keyfile['address']}, "
+                                 f"but its key is {dev_account(3).address}'s: the file was "
+                                 "edited or mixed up")
+    del keyfile["address"]  # no address to check against: the key is the account
+    keystore.write_text(json.dumps(keyfile))
+    assert keys.load_keystore(keystore, "pw").address == dev_account(3).address
+
+
+@pytest.mark.parametrize("kdf, name, work", [("pbkdf2", "c", 2**31 - 1),
+                                             ("scrypt", "n", 1 << 30)])
+def test_a_keystore_asking_for_unbounded_key_derivation_is_refused_at_once(keystore, kdf,
+                                                                           name, work):
+    """pbkdf2 with 2^31 - 1 iterations ran for minutes and ignored Ctrl-C (hashlib's loop)."""
+    keyfile = json.loads(keystore.read_text())
+    keyfile["crypto"]["kdf"] = kdf
+    keyfile["crypto"]["kdfparams"][name] = work
+    keystore.write_text(json.dumps(keyfile))
+    with pytest.raises(keys.KeystoreError) as raised:
+        keys.load_keystore(keystore, "pw")
+    assert str(raised.value) == (f"cannot decrypt keystore {keystore}: its {kdf} {name} = "
+                                 f"{work} is above {keys.MAX_KDF_WORK[kdf][1]}, more work "
+                                 "than a keystore needs")
+
+
+@pytest.mark.parametrize("url, reason", [
+    ("http://127.0.0.1:112756", "Port out of range 0-65535"),
+    ("http://127.0.0.1:8545?key=1", "a query or fragment cannot precede the node's paths "
+                                    "(/info, /rpc, /blobs)"),
+    ("http://127.0.0.1:8545/#top", "a query or fragment cannot precede the node's paths "
+                                   "(/info, /rpc, /blobs)"),
+])
+@pytest.mark.parametrize("command", [["jobs"], ["balance", "0x" + "12" * 20]])
+def test_node_urls_that_cannot_name_a_node_are_refused_before_any_request(url, reason,
+                                                                          command):
+    """httpx wrapped port 112756 around to 47220 (another node was asked) and a later layer
+    raised a traceback; /info was appended after a query string."""
+    line = one_error_line(run_cli(*command, "--rpc-url", url))
+    assert line == f"error: not a chain node URL: {url.rstrip('/')}: {reason}"
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_an_output_that_is_a_pipe_is_not_replaced(tmp_path, force):
+    """`fetch -o FIFO --force` put a regular file in the pipe's place (as root, -o /dev/null
+    would replace the device)."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    line = one_error_line(run_cli("fetch", "0", "-o", fifo, *(["--force"] if force else []),
+                                  "--rpc-url", "http://127.0.0.1:9"))
+    assert line == f"error: output {fifo} is not a regular file (a device, pipe or socket); " \
+                   "not replaced"
+    assert fifo.is_fifo()
+
+
+def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback():
+    """A Ctrl-C in the first second or two (while node.cli's imports load) printed a
+    traceback; here the interrupt arrives exactly at that import."""
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'node.cli':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "from node.__main__ import main\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 130 and proc.stderr == "" and proc.stdout == ""
+    help_text = subprocess.run([sys.executable, "-m", "node", "--help"], capture_output=True,
+                               text=True, timeout=60)
+    assert help_text.returncode == 0 and "Usage: needle-net" in help_text.stdout
