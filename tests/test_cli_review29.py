@@ -52,7 +52,8 @@ def test_a_link_to_nothing_as_the_output_is_refused_before_the_fee(node, observe
 
 
 @pytest.mark.parametrize("field,value,reason", [
-    ("c", 2**31, "iteration value is too great."), ("dklen", 10**10, "key length is too great.")])
+    ("c", 2**31, "pbkdf2 c = 2147483648 is above 10000000, more work than a keystore needs"),
+    ("dklen", 10**10, "key derivation parameters are out of range (key length is too great.)")])
 def test_a_keystore_with_out_of_range_kdf_parameters_is_one_error_line(node, tmp_path, field,
                                                                        value, reason):
     options = keystore_options(tmp_path, SENDER)
@@ -63,8 +64,7 @@ def test_a_keystore_with_out_of_range_kdf_parameters_is_one_error_line(node, tmp
     keystore.write_text(json.dumps(content))
     line = one_error_line(run_cli("send", dev_account(1).address, "0.01", "-y", "--rpc-url",
                                   node.url, *options))
-    assert line == (f"error: cannot decrypt keystore {keystore}: its key derivation "
-                    f"parameters are out of range ({reason})")
+    assert line == f"error: cannot decrypt keystore {keystore}: its {reason}"
 
 
 @pytest.mark.parametrize("to", ["0x" + "0" * 38 + "f1", "0x" + "0" * 39 + "1", "0x" + "0" * 40])
