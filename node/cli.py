@@ -653,8 +653,9 @@ def keys_new(
 
     Example: [bold]NEEDLE_NET_PASSWORD=... needle-net keys new worker.json[/bold]
     """
-    if path.exists():
-        _fail(f"{path} exists; refusing to overwrite a key")
+    if os.path.lexists(path):
+        dangling = " (a link to nothing)" if not path.exists() else ""
+        _fail(f"{path} exists{dangling}; refusing to overwrite a key")
     account = keys.load_or_create(path, keys.read_password(password_file))
     console.print(f"created {path}: {account.address}")
 

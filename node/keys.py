@@ -98,6 +98,11 @@ def _private_temp(path: Path, data: bytes) -> str:
     """A new file beside `path` holding `data`, on disk: mode 0600 from its creation whatever
     the umask (mkstemp), under a fresh name (a file left there before, perhaps readable by
     others, is never written into)."""
+    for folder in (path.parent, *path.parent.parents):  # mkdir would say "File exists"
+        if folder.exists():
+            if not folder.is_dir():
+                raise KeystoreError(f"cannot write keystore {path}: {folder} is not a directory")
+            break
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

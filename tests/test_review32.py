@@ -101,3 +101,21 @@ def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback():
     help_text = subprocess.run([sys.executable, "-m", "node", "--help"], capture_output=True,
                                text=True, timeout=60)
     assert help_text.returncode == 0 and "Usage: needle-net" in help_text.stdout
+
+
+def test_keys_new_names_a_file_in_the_path_and_a_link_to_nothing(tmp_path, monkeypatch):
+    """`keys new a.npy/k.json` (a.npy a file) said "File exists"; over a link to nothing it
+    said "cannot read keystore", on a command that creates one."""
+    monkeypatch.setenv(keys.PASSWORD_ENV, "pw")
+    (tmp_path / "a.npy").write_bytes(b"x")
+    inside_a_file = tmp_path / "a.npy" / "k.json"
+    line = one_error_line(run_cli("keys", "new", inside_a_file))
+    assert line == f"error: cannot write keystore {inside_a_file}: {tmp_path / 'a.npy'} is " \
+                   "not a directory"
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "nowhere")
+    line = one_error_line(run_cli("keys", "new", dangling))
+    assert line == f"error: {dangling} exists (a link to nothing); refusing to overwrite a key"
+    assert not (tmp_path / "nowhere").exists()
+    made = run_cli("keys", "new", tmp_path / "new" / "k.json")
+    assert made.exit_code == 0 and keys.load_keystore(tmp_path / "new" / "k.json", "pw")
