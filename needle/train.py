@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import TextIO
@@ -350,6 +351,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         path = getattr(args, flag)
         if path and not os.path.isdir(folder := os.path.dirname(os.path.abspath(path))):
             p.error(f"--{flag}: folder {folder} does not exist")
+        if path:  # a read-only folder: a file made and removed at once says so
+            try:
+                tempfile.TemporaryFile(dir=folder).close()
+            except OSError as err:
+                p.error(f"--{flag}: cannot write in folder {folder}: {err.strerror or err}")
     files = [(flag, getattr(args, flag)) for flag in ("resume", "save", "log", "plot")
              if getattr(args, flag)]
     for (flag, path), (other, other_path) in itertools.combinations(files, 2):

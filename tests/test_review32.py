@@ -119,3 +119,15 @@ def test_keys_new_names_a_file_in_the_path_and_a_link_to_nothing(tmp_path, monke
     assert not (tmp_path / "nowhere").exists()
     made = run_cli("keys", "new", tmp_path / "new" / "k.json")
     assert made.exit_code == 0 and keys.load_keystore(tmp_path / "new" / "k.json", "pw")
+
+
+@pytest.mark.parametrize("flag", ["--log", "--save", "--plot"])
+def test_train_refuses_an_output_folder_it_cannot_write_before_training(flag, capsys):
+    """A read-only folder for --log, --save or --plot was found only after the first epoch
+    (proc, where no file can be made, stands in for a read-only mount)."""
+    from needle import train
+
+    with pytest.raises(SystemExit) as raised:
+        train.parse_args([flag, "/proc/needle-train-output"])
+    assert raised.value.code == 2
+    assert f"error: {flag}: cannot write in folder /proc: " in capsys.readouterr().err
