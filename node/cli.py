@@ -85,7 +85,11 @@ def _account(keystore: Path | None, password_file: Path | None):
 
 
 def _fail(message: str, code: int = 1) -> None:
-    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    """One error line and exit `code`; URL credentials (user:password@, a query's key) left
+    out, since terminal output ends up in tickets and chats."""
+    from node.redact import redacted
+
+    console.print(f"[red]error:[/red] {escape(redacted(message, paths=False))}", soft_wrap=True)
     raise typer.Exit(code)
 
 

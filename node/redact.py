@@ -11,10 +11,15 @@ URL = re.compile(r"(?P<origin>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)
                  r"(?P<host>[^\s/?#'\"<>@]*)(?P<rest>[/?#][^\s'\"<>]*)?", re.IGNORECASE)
 
 
-def redacted(text: str) -> str:
-    """`text` with each URL's userinfo and path, query and fragment as `***`."""
+def redacted(text: str, paths: bool = True) -> str:
+    """`text` with each URL's userinfo, query and fragment as `***`, and its path too unless
+    `paths` is False (a command's own error line, where the path tells the user which URL
+    answered)."""
     def redact(url: re.Match) -> str:
-        rest = url["rest"] or ""
-        return (url["origin"] + ("***@" if url["userinfo"] else "") + url["host"]
-                + (rest if rest in ("", "/") else rest[0] + "***"))
+        rest = (url["rest"] or "").rstrip(":,;.)")  # the sentence's, not the URL's
+        punctuation = (url["rest"] or "")[len(rest):]
+        kept = "" if paths else re.split(r"[?#]", rest, maxsplit=1)[0]
+        hidden = rest[len(kept):]
+        return (url["origin"] + ("***@" if url["userinfo"] else "") + url["host"] + kept
+                + (hidden if hidden in ("", "/") else hidden[0] + "***") + punctuation)
     return URL.sub(redact, text)

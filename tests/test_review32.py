@@ -68,7 +68,17 @@ def test_node_urls_that_cannot_name_a_node_are_refused_before_any_request(url, r
     """httpx wrapped port 112756 around to 47220 (another node was asked) and a later layer
     raised a traceback; /info was appended after a query string."""
     line = one_error_line(run_cli(*command, "--rpc-url", url))
-    assert line == f"error: not a chain node URL: {url.rstrip('/')}: {reason}"
+    shown = url.replace("?key=1", "?***").replace("#top", "#***")  # a query may hold a key
+    assert line == f"error: not a chain node URL: {shown}: {reason}"
+
+
+def test_client_error_lines_leave_url_credentials_out():
+    """`worker up` redacted its URL, but client commands printed user:password@ and query
+    keys in their error lines; the path stays, since it tells which URL answered."""
+    url = "http://user:secretpw@127.0.0.1:9/base"
+    line = one_error_line(run_cli("jobs", "--rpc-url", url))
+    assert "secretpw" not in line and "user" not in line
+    assert line.startswith("error: cannot reach the chain node at http://***@127.0.0.1:9/base/info")
 
 
 @pytest.mark.parametrize("force", [False, True])
