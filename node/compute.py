@@ -60,6 +60,7 @@ def best_device():
 
 
 PROBE_SIZE = 512  # the start-up probe's product: PROBE_SIZE^3, float32
+PROBE_BATCH = 256  # products of the start-up probe of a batch's per-product cost
 
 
 def measure_throughput(device) -> float:
@@ -72,6 +73,18 @@ def measure_throughput(device) -> float:
     t0 = time.perf_counter()
     matmul(x, x, device)
     return 2 * PROBE_SIZE**3 / max(time.perf_counter() - t0, 1e-9)
+
+
+def measure_product_seconds(device) -> float:
+    """Seconds each product of a batched float job costs on `device` beyond its FLOPs (such a
+    job is computed product by product): PROBE_BATCH products of 8 x 8 matrices timed after
+    a first call. A batch of many tiny products takes far longer than its FLOPs at the
+    probe's rate say."""
+    x = np.ones((PROBE_BATCH, 8, 8), np.float32)
+    matmul(x, x, device)
+    t0 = time.perf_counter()
+    matmul(x, x, device)
+    return (time.perf_counter() - t0) / PROBE_BATCH
 
 
 def device_name(device) -> str:

@@ -209,7 +209,7 @@ def rank(job_id: int, worker: str, peers: list[str]) -> int:
     return sum(keccak(key + bytes.fromhex(p[2:])) < mine for p in set(peers) - {worker})
 
 
-def seconds_needed(flops: int, c_bytes: int, flops_per_second: float,
+def seconds_needed(flops: float, c_bytes: int, flops_per_second: float,
                    bytes_per_second: float) -> float:
     """Seconds from a claim to its commit: compute `flops`, upload `c_bytes` of C, and the
     claim's and the commit's transactions (A and B are fetched before the claim)."""
@@ -298,7 +298,10 @@ class Worker:
             self.device = compute.best_device()  # first: a device it lacks ends the start
             self.chain = self._connect()
             self._await_funds()
-            self._compute_rate = RecentLowest(compute.measure_throughput(self.device))
+            probe_rate = compute.measure_throughput(self.device)
+            self._compute_rate = RecentLowest(probe_rate)
+            # a product's fixed cost, as FLOPs at the probe's rate (_work)
+            self._product_flops = compute.measure_product_seconds(self.device) * probe_rate
             self._transfer_rate = RecentLowest(DEFAULT_TRANSFER_BYTES_PER_SECOND)
             self._pace = BlockPace()
             self._passed_over: set[int] = set()  # large jobs too slow for their deadline (logged)
@@ -946,7 +949,7 @@ class Worker:
                          self.config.min_deadline_blocks)
             elif self._in_time(job, in_hand, *rates):
                 self._claim(job)
-                in_hand += _flops(job.batch, job.m, job.k, job.n)
+                in_hand += self._work(job.batch, job.m, job.k, job.n)
             else:  # open for other workers; looked at again as the pace and the work change
                 self._candidates[job_id] = job
         if small:
@@ -959,12 +962,18 @@ class Worker:
         forgotten, their JobSubmitted behind the scan, and stayed open."""
         return not self._withdrawing and self._stake_wei >= self._min_stake
 
-    def _flops_in_hand(self) -> int:
-        """FLOPs of the jobs this worker took and has not yet computed: they share its
+    def _flops_in_hand(self) -> float:
+        """Work (_work) of the jobs this worker took and has not yet computed: they share its
         device with a job it claims now."""
         with self._lock:
-            return sum(_flops(r.batch, r.m, r.k, r.n) for r in self.jobs
+            return sum(self._work(r.batch, r.m, r.k, r.n) for r in self.jobs
                        if r.stage in ("fetching", "claimed", "computing"))
+
+    def _work(self, batch: int, m: int, k: int, n: int) -> float:
+        """A job's work for the deadline estimate, in FLOPs: its products' FLOPs and each
+        product's fixed cost (a batch of 300,000 products of 8 x 8 matrices ran 100 times
+        slower than its FLOPs at the probe's rate, and its claims expired)."""
+        return _flops(batch, m, k, n) + batch * self._product_flops
 
     def _rates(self) -> tuple[float, float, float]:
         """(FLOP/s, bytes/s of transfers, seconds per block) for `_in_time`, the slowest
@@ -973,14 +982,14 @@ class Worker:
         return (self._compute_rate.lowest(now), self._transfer_rate.lowest(now),
                 self._pace.interval(now))
 
-    def _in_time(self, job: Job, in_hand: int, flops_per_second: float,
+    def _in_time(self, job: Job, in_hand: float, flops_per_second: float,
                  bytes_per_second: float, block_seconds: float) -> bool:
         """Whether `job`'s deadline gives DEADLINE_MARGIN times the seconds this worker needs
         after claiming it (`in_hand`: FLOPs of its jobs not computed yet; the rates:
         `_rates`). A claim it cannot commit in time expires, and anyone reopening it cuts
         10 % of the stake; a job passed over is logged once."""
         c_bytes = (8 if job.precision == 0 else 4) * job.batch * job.m * job.n
-        needed = seconds_needed(in_hand + _flops(job.batch, job.m, job.k, job.n), c_bytes,
+        needed = seconds_needed(in_hand + self._work(job.batch, job.m, job.k, job.n), c_bytes,
                                 flops_per_second, bytes_per_second)
         given = seconds_given(job.timeout_blocks, block_seconds)
         if given >= DEADLINE_MARGIN * needed:
@@ -1429,7 +1438,8 @@ class Worker:
         self.metrics.stage_latency.labels("compute").observe(seconds)
         flops = _flops(job.batch, job.m, job.k, job.n)
         if flops >= MIN_SAMPLE_FLOPS and seconds > 0:  # for the deadline estimate
-            self._compute_rate.add(flops / seconds, time.monotonic())
+            self._compute_rate.add(self._work(job.batch, job.m, job.k, job.n) / seconds,
+                                   time.monotonic())
         compute.check_result(c, job.precision == 0)
         return c
 

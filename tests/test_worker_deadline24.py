@@ -97,3 +97,34 @@ def test_the_estimate_against_hand_computed_numbers():
     pace.observe(5, 104.0)  # another chain (the head went back): a new window starts
     pace.observe(6, 104.5)
     assert pace.interval(104.5) == pytest.approx(0.1)
+
+
+def test_a_batch_of_many_tiny_products_is_priced_by_its_products(node, tmp_path, caplog):
+    """400,000 products of 1 x 1 matrices: 800 kFLOP, nothing at the probe's rate, but the
+    worker computes a batch product by product, each a call of microseconds. A 20-block
+    deadline (about 1 s) covers the FLOPs, C's 1.6 MB and the transactions twice over, so
+    the worker claimed such a job, and its claim expired (a 10 % stake cut for anyone who
+    reopened it); it now counts each product's fixed cost and passes the job over."""
+    caplog.set_level(logging.INFO, logger="needle.worker")
+    account, submitter = dev_account(4), Market(node.url, dev_account(1))
+    worker = Worker(WorkerConfig(rpc_url=node.url, data_dir=tmp_path, stake_wei=ETHER,
+                                 direct_commit_flops=0), account)  # every job a large one
+    thread = run_worker(worker)
+    try:
+        a = np.ones((400_000, 1, 1), np.float32)
+        a_id = submitter.put_array(a)
+        job_id = submitter.job_count()
+        submitter.send("submitJob", a_id, a_id, 400_000, 1, 1, 1, FP32, 20, value=FEE)
+
+        def passed_over():
+            return [r.getMessage() for r in caplog.records
+                    if r.getMessage().startswith(f"job {job_id} not claimed")]
+        wait_for(lambda: passed_over(), 60, "the worker to pass the job over")
+        assert "20 blocks" in passed_over()[0]
+        job = submitter.job(job_id)
+        assert (job.status, job.worker) == (JOB_OPEN, ZERO_ADDRESS)
+        assert submitter.stake_of(account.address) == ETHER
+        submitter.send("cancel", job_id)
+    finally:
+        stop_worker(worker, thread)
+        submitter.close()
