@@ -22,18 +22,25 @@ def keystore(tmp_path):
     return path
 
 
+def _edited(keystore, edit) -> str:
+    """The KeystoreError's message for `keystore` once `edit` changed its JSON."""
+    keyfile = json.loads(keystore.read_text())
+    edit(keyfile)
+    keystore.write_text(json.dumps(keyfile))
+    with pytest.raises(keys.KeystoreError) as raised:
+        keys.load_keystore(keystore, "pw")
+    return str(raised.value)
+
+
 def test_a_keystore_naming_another_address_is_refused(keystore):
     """Its address field edited to another account's: `balance --keystore` would show that
     account while every transaction is signed by the key's own."""
     assert keys.load_keystore(keystore, "pw").address == dev_account(3).address
+    other = dev_account(0).address[2:].lower()
+    assert _edited(keystore, lambda keyfile: keyfile.update(address=other)) == (
+        f"keystore {keystore} names address {other}, but its key is "
+        f"{dev_account(3).address}'s: the file was edited or mixed up")
     keyfile = json.loads(keystore.read_text())
-    keyfile["address"] = dev_account(0).address[2:].lower()
-    keystore.write_text(json.dumps(keyfile))
-    with pytest.raises(keys.KeystoreError) as raised:
-        keys.load_keystore(keystore, "pw")
-    assert str(raised.value) == (f"keystore {keystore} names address {keyfile['address']}, "
-                                 f"but its key is {dev_account(3).address}'s: the file was "
-                                 "edited or mixed up")
     del keyfile["address"]  # no address to check against: the key is the account
     keystore.write_text(json.dumps(keyfile))
     assert keys.load_keystore(keystore, "pw").address == dev_account(3).address
@@ -44,15 +51,12 @@ def test_a_keystore_naming_another_address_is_refused(keystore):
 def test_a_keystore_asking_for_unbounded_key_derivation_is_refused_at_once(keystore, kdf,
                                                                            name, work):
     """pbkdf2 with 2^31 - 1 iterations ran for minutes and ignored Ctrl-C (hashlib's loop)."""
-    keyfile = json.loads(keystore.read_text())
-    keyfile["crypto"]["kdf"] = kdf
-    keyfile["crypto"]["kdfparams"][name] = work
-    keystore.write_text(json.dumps(keyfile))
-    with pytest.raises(keys.KeystoreError) as raised:
-        keys.load_keystore(keystore, "pw")
-    assert str(raised.value) == (f"cannot decrypt keystore {keystore}: its {kdf} {name} = "
-                                 f"{work} is above {keys.MAX_KDF_WORK[kdf][1]}, more work "
-                                 "than a keystore needs")
+    def ask_for_work(keyfile):
+        keyfile["crypto"]["kdf"] = kdf
+        keyfile["crypto"]["kdfparams"][name] = work
+    assert _edited(keystore, ask_for_work) == (
+        f"cannot decrypt keystore {keystore}: its {kdf} {name} = {work} is above "
+        f"{keys.MAX_KDF_WORK[kdf][1]}, more work than a keystore needs")
 
 
 @pytest.mark.parametrize("url, reason", [
