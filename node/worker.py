@@ -919,7 +919,7 @@ class Worker:
         small: list[Job] = []
         batch_gas = FINALIZE_JOBS_GAS  # the batch's finalizeJobs must fit in a block
         ranked = self._ranking()
-        in_hand, rates = self._flops_in_hand(), self._rates()
+        in_hand, rates = self._work_in_hand(), self._rates()
         now, self._next_turn = time.monotonic(), None
         for job_id in list(self._candidates):
             busy = self._tasks + bool(small) >= self.config.max_in_flight
@@ -962,7 +962,7 @@ class Worker:
         forgotten, their JobSubmitted behind the scan, and stayed open."""
         return not self._withdrawing and self._stake_wei >= self._min_stake
 
-    def _flops_in_hand(self) -> float:
+    def _work_in_hand(self) -> float:
         """Work (_work) of the jobs this worker took and has not yet computed: they share its
         device with a job it claims now."""
         with self._lock:
@@ -985,7 +985,7 @@ class Worker:
     def _in_time(self, job: Job, in_hand: float, flops_per_second: float,
                  bytes_per_second: float, block_seconds: float) -> bool:
         """Whether `job`'s deadline gives DEADLINE_MARGIN times the seconds this worker needs
-        after claiming it (`in_hand`: FLOPs of its jobs not computed yet; the rates:
+        after claiming it (`in_hand`: the work of its jobs not computed yet; the rates:
         `_rates`). A claim it cannot commit in time expires, and anyone reopening it cuts
         10 % of the stake; a job passed over is logged once."""
         c_bytes = (8 if job.precision == 0 else 4) * job.batch * job.m * job.n
