@@ -337,6 +337,9 @@ def devnet_up(
     blob_port: Annotated[int | None, typer.Option(
         help="Port of the chain's blob listener (default: the JSON-RPC port + 1, else any "
              "free port; 0: any free port).", min=0, max=65535)] = None,
+    worker_api_port: Annotated[int | None, typer.Option(
+        help="API port of worker 0; worker i takes this + i (default: any free ports).",
+        min=1, max=65535)] = None,
 ) -> None:
     """Start a chain node and N workers as local processes; Ctrl-C stops them all.
 
@@ -348,7 +351,8 @@ def devnet_up(
 
     _require_dir(data_dir, "--data-dir")
     signal.signal(signal.SIGTERM, exit_on_signal)  # leave through `with`: stop the children
-    with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port) as net:
+    with Devnet(data_dir, port=port, block_time=block_time, blob_port=blob_port,
+                worker_api_port=worker_api_port) as net:
         try:  # Ctrl-C while starting too: say so before the (up to 15 s per process) shutdown
             net.start(workers)
             blob_url = httpx.get(f"{net.rpc_url}/info").json()["blob_url"]

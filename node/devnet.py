@@ -79,10 +79,12 @@ class Devnet:
     """Start with `Devnet(data_dir).start(workers=2)`; stop with `close()` (or use `with`)."""
 
     def __init__(self, data_dir: Path, *, port: int | None = None, block_time: float = 0.2,
-                 log_to_files: bool = True, blob_port: int | None = None) -> None:
+                 log_to_files: bool = True, blob_port: int | None = None,
+                 worker_api_port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.blob_port = blob_port  # None: chain up's default (port + 1, else any free one)
+        self.worker_api_port = worker_api_port  # worker i's API on this + i; None: any free
         if blob_port and blob_port == self.port:  # else the chain node exits, "in use"
             raise DevnetError(f"the blob port must differ from the chain port {self.port}")
         _require_free(self.port, "chain")
@@ -129,6 +131,8 @@ class Devnet:
                 out.close()
 
     def start(self, workers: int = 1) -> Devnet:
+        for index in range(workers):  # a port taken is named before anything starts
+            self._worker_api_port(index)
         self.start_chain()
         for _ in range(workers):
             self.start_worker()
@@ -168,7 +172,7 @@ class Devnet:
         data_dir = self.worker_dir(index)
         account = self.worker_account(index)
         self._fund(account.address)
-        api_port = free_port()
+        api_port = self._worker_api_port(index)
         token = secrets.token_hex(16)
         _write_private(data_dir / "admin-token", token)
         args = ["worker", "up", "--rpc-url", self.rpc_url, "--data-dir", str(data_dir),
@@ -184,6 +188,19 @@ class Devnet:
                        ["stake_wei"] > 0 and _listens(process.pid, api_port), START_TIMEOUT,
                        f"worker {index}", process, self.log(f"worker{index}.log"))
         return worker
+
+    def _worker_api_port(self, index: int) -> int:
+        """Worker `index`'s API port: worker_api_port + index, checked free, else any."""
+        if not self.worker_api_port:
+            return free_port()
+        port = self.worker_api_port + index
+        chain_ports = (self.port, self.port + 1 if self.blob_port is None else self.blob_port)
+        if port > 65535 or port in chain_ports:
+            raise DevnetError(f"worker {index}'s API port {port} (the worker API port "
+                              f"{self.worker_api_port} + {index}) is "
+                              + ("past 65535" if port > 65535 else "one of the chain's ports"))
+        _require_free(port, f"worker {index} API")
+        return port
 
     def _fund(self, address: str) -> None:
         """Top the address up to WORKER_FUNDING_WEI from the faucet dev account."""

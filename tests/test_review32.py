@@ -145,3 +145,61 @@ def test_train_refuses_an_output_folder_it_cannot_write_before_training(flag, ca
         train.parse_args([flag, "/proc/needle-train-output"])
     assert raised.value.code == 2
     assert f"error: {flag}: cannot write in folder /proc: " in capsys.readouterr().err
+
+
+def _free_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 (checked by binding both)."""
+    import socket
+
+    from chain.launch import free_port
+
+    for _ in range(50):
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
+def test_devnet_workers_take_the_api_ports_asked_for(tmp_path):
+    """`devnet up` gave its workers random API ports (an operator could not publish or
+    bookmark them); `--worker-api-port P` gives worker i port P + i, checked free first."""
+    import httpx
+
+    from node.devnet import Devnet
+
+    base = _free_pair()
+    with Devnet(tmp_path / "net", port=0, block_time=0.2, worker_api_port=base) as net:
+        net.start(2)
+        assert [w.api_url for w in net.workers] == [f"http://127.0.0.1:{base}",
+                                                  f"http://127.0.0.1:{base + 1}"]
+        for worker in net.workers:
+            status = httpx.get(f"{worker.api_url}/status", timeout=5).json()
+            assert status["address"] == worker.address
+
+
+def test_devnet_names_a_taken_worker_api_port_before_starting_anything(tmp_path):
+    import socket
+
+    from node.devnet import Devnet, DevnetError
+
+    base = _free_pair()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", base + 1))
+        held.listen()
+        with Devnet(tmp_path / "net", port=0, worker_api_port=base) as net:
+            with pytest.raises(DevnetError) as raised:
+                net.start(2)
+            assert net.chain is None and net.workers == []  # nothing started
+    assert str(raised.value).startswith(f"worker 1 API port {base + 1} is in use")
+    with Devnet(tmp_path / "net2", port=0, blob_port=base + 1, worker_api_port=base) as net:
+        with pytest.raises(DevnetError) as raised:
+            net.start(2)
+    assert str(raised.value) == (f"worker 1's API port {base + 1} (the worker API port {base} "
+                                 "+ 1) is one of the chain's ports")
+    assert "--worker-api-port" in run_cli("devnet", "up", "--help").output
