@@ -118,9 +118,9 @@ def node_info(http: httpx.Client, url: str) -> dict:
         if not missing:
             return info
         answer = f"without {missing[0]!r}"
-    hint = ""
-    if answer == "HTTP 404" and url.rstrip("/").endswith("/rpc"):  # the JSON-RPC path given
-        hint = f"; give the node's own URL, {url.rstrip('/').removesuffix('/rpc')}"
+    hint, base = "", url.rstrip("/")
+    if answer == "HTTP 404" and base.endswith("/rpc"):  # the JSON-RPC path given
+        hint = f"; give the node's own URL, {base.removesuffix('/rpc')}"
     raise NotAChainNode(f"{url} is not a needle-net chain node: its /info answered {answer}"
                         + hint)
 

@@ -28,6 +28,7 @@ from typer.core import TyperGroup
 from chain.cli import app as chain_app
 from chain.cli import exit_on_signal
 from node import keys
+from node.redact import redacted
 
 if TYPE_CHECKING:
     from chain.client import ChainClient
@@ -87,8 +88,6 @@ def _account(keystore: Path | None, password_file: Path | None):
 def _fail(message: str, code: int = 1) -> None:
     """One error line and exit `code`; URL credentials (user:password@, a query's key) left
     out, since terminal output ends up in tickets and chats."""
-    from node.redact import redacted
-
     console.print(f"[red]error:[/red] {escape(redacted(message, paths=False))}", soft_wrap=True)
     raise typer.Exit(code)
 
@@ -406,7 +405,6 @@ def worker_up(
 
     Example: [bold]NEEDLE_NET_PASSWORD=... needle-net worker up --api-port 8600[/bold]
     """
-    from node.redact import redacted
     from node.worker import Worker, WorkerConfig, admin_token
 
     stake_wei, min_fee_wei = _wei(stake, "--stake"), _wei(min_fee, "--min-fee", allow_zero=True)

@@ -131,8 +131,8 @@ class Devnet:
                 out.close()
 
     def start(self, workers: int = 1) -> Devnet:
-        for index in range(workers):  # a port taken is named before anything starts
-            self._worker_api_port(index)
+        for index in range(workers if self.worker_api_port else 0):  # a port taken is
+            self._worker_api_port(index)  # named before anything starts
         self.start_chain()
         for _ in range(workers):
             self.start_worker()

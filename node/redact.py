@@ -16,8 +16,9 @@ def redacted(text: str, paths: bool = True) -> str:
     `paths` is False (a command's own error line, where the path tells the user which URL
     answered)."""
     def redact(url: re.Match) -> str:
-        rest = (url["rest"] or "").rstrip(":,;.)")  # the sentence's, not the URL's
-        punctuation = (url["rest"] or "")[len(rest):]
+        whole = url["rest"] or ""
+        rest = whole.rstrip(":,;.)")  # what it strips is the sentence's, not the URL's
+        punctuation = whole[len(rest):]
         kept = "" if paths else re.split(r"[?#]", rest, maxsplit=1)[0]
         hidden = rest[len(kept):]
         return (url["origin"] + ("***@" if url["userinfo"] else "") + url["host"] + kept
